@@ -1,0 +1,45 @@
+# The two commands the README promises: `make demo` and `make test`.
+# Everything else here is a building block of those two.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MIN_PY ?= 3.12
+DJANGO_SPEC ?=
+PYTEST_ARGS ?=
+
+export VENV MIN_PY DJANGO_SPEC
+
+.PHONY: setup test lint unit integration chaos demo bench tox clean
+
+setup:
+	@./scripts/bootstrap.sh
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# The whole suite: unit, integration and chaos markers, after lint.
+test: setup lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+integration: setup
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+chaos: setup
+	$(PY) -m pytest -m chaos $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) scripts/demo.py
+
+bench: setup
+	$(PY) -m bench
+
+# The full supported matrix (tox.ini); CI runs `make test` plus the Django 5.2 / Python 3.11 env.
+tox: setup
+	$(VENV)/bin/python -m pip install -q "tox>=4"
+	$(VENV)/bin/tox
+
+clean:
+	rm -rf .run .tox .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,1 @@
+"""Benchmarks measured against vanilla Celery in the same run."""

@@ -1,0 +1,89 @@
+"""One frozen, typed configuration object; every default is written here and nowhere else.
+
+The Django layer (``relier_django.conf``) builds a :class:`Config` from
+``settings.RELIER`` and ``RELIER_*`` environment variables and installs a provider
+with :func:`set_provider`. Code outside Django may build one by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything the core reads. Durations carry their unit in the name."""
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "rl"
+    # How long a committed result (and an idempotent task's cached result) is kept.
+    result_ttl_s: int = 24 * 3600
+    # Liveness of a running task: refreshed every heartbeat_interval_s, expires after ttl.
+    heartbeat_ttl_s: float = 10.0
+    heartbeat_interval_s: float | None = None
+    max_resurrections: int = 3
+    max_retries: int = 3
+    retry_backoff_s: float = 1.0
+    retry_backoff_max_s: float = 300.0
+    # Where resurrected tasks are re-dispatched; workers consume it automatically.
+    recovery_queue: str = "relier.recovery"
+    # Socket timeout for Redis calls made by the core.
+    redis_socket_timeout_s: float = 5.0
+    # Sync push() waits at most this long for the bridge loop before giving up.
+    push_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_ttl_s <= 0:
+            raise ConfigError("heartbeat_ttl_s must be > 0")
+        if self.heartbeat_interval_s is not None and not (
+            0 < self.heartbeat_interval_s < self.heartbeat_ttl_s
+        ):
+            raise ConfigError(
+                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be > 0 and below "
+                f"heartbeat_ttl_s ({self.heartbeat_ttl_s}), or a task's heartbeat expires "
+                "between two refreshes"
+            )
+        for name in ("max_resurrections", "max_retries", "result_ttl_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0")
+        if not self.key_prefix or any(c in self.key_prefix for c in "{} "):
+            raise ConfigError("key_prefix must be non-empty, without braces or spaces")
+
+    @property
+    def heartbeat_every_s(self) -> float:
+        """The refresh period actually used: explicit, or a third of the TTL."""
+        return self.heartbeat_interval_s or self.heartbeat_ttl_s / 3
+
+    def replace(self, **changes: object) -> Config:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
+
+_lock = threading.Lock()
+_provider: Callable[[], Config] = Config
+_override: Config | None = None
+
+
+def set_provider(provider: Callable[[], Config]) -> None:
+    """Install the function that builds the current config (the Django layer does this)."""
+    global _provider
+    with _lock:
+        _provider = provider
+
+
+def override(config: Config | None) -> None:
+    """Pin a config regardless of the provider (tests, scripts); ``None`` unpins."""
+    global _override
+    with _lock:
+        _override = config
+
+
+def current() -> Config:
+    """The config in force. The provider is expected to cache."""
+    return _override if _override is not None else _provider()

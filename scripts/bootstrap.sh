@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Sets up everything `make test` and `make demo` need on a fresh machine:
+# an interpreter (>= $MIN_PY, from PATH or pyenv), a venv with the package and its
+# test extra, and redis-server (apt-get when it is missing). Idempotent.
+#
+#   VENV          venv directory                (default .venv)
+#   MIN_PY        lowest acceptable Python      (default 3.12)
+#   DJANGO_SPEC   pip spec pinning Django       (default: whatever setup.cfg allows)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+MIN_PY=${MIN_PY:-3.12}
+DJANGO_SPEC=${DJANGO_SPEC:-}
+
+say() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+py_ok() {  # py_ok INTERPRETER -> true when it runs and is >= MIN_PY
+  "$1" -c "import sys; want = tuple(map(int, '$MIN_PY'.split('.'))); sys.exit(sys.version_info[:2] < want)" 2>/dev/null
+}
+
+find_python() {
+  # Prefer the oldest acceptable minor (3.12 is the primary CI environment), then newer ones.
+  local minor c root=""
+  if command -v pyenv >/dev/null 2>&1; then root=$(pyenv root); elif [ -d "$HOME/.pyenv" ]; then root="$HOME/.pyenv"; fi
+  for minor in 3.12 3.13 3.14 3.15; do
+    if command -v "python$minor" >/dev/null 2>&1 && py_ok "$(command -v "python$minor")"; then
+      command -v "python$minor"; return 0
+    fi
+    if [ -n "$root" ] && [ -d "$root/versions" ]; then
+      # Plain CPython versions of that minor, newest patch first (skip pypy-, conda-, venvs).
+      for v in $(ls "$root/versions" | grep -E "^${minor//./\\.}\.[0-9]+$" | sort -t. -k3,3nr); do
+        c="$root/versions/$v/bin/python"
+        if [ -x "$c" ] && py_ok "$c"; then echo "$c"; return 0; fi
+      done
+    fi
+  done
+  for c in python3 python; do
+    if command -v "$c" >/dev/null 2>&1 && py_ok "$(command -v "$c")"; then command -v "$c"; return 0; fi
+  done
+  return 1
+}
+
+ensure_venv() {
+  if [ -x "$VENV/bin/python" ] && py_ok "$VENV/bin/python"; then return 0; fi
+  local py
+  py=$(find_python) || { say "no Python >= $MIN_PY on PATH or in pyenv; install one (e.g. 'pyenv install 3.12')"; exit 1; }
+  say "creating $VENV with $py ($("$py" -V 2>&1))"
+  rm -rf "$VENV"
+  "$py" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+}
+
+ensure_packages() {
+  local stamp="$VENV/.relier-installed"
+  local want
+  want="$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16) ${DJANGO_SPEC}"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
+  say "installing relier-django[test] into $VENV ${DJANGO_SPEC:+with $DJANGO_SPEC}"
+  # shellcheck disable=SC2086
+  "$VENV/bin/python" -m pip install -q -e ".[test]" ${DJANGO_SPEC:+"$DJANGO_SPEC"}
+  echo "$want" >"$stamp"
+}
+
+ensure_redis() {
+  if command -v redis-server >/dev/null 2>&1; then return 0; fi
+  say "redis-server is not on PATH; installing it with apt-get"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  # Debian's package starts a system service on 6379; we never use it, and leave it as it is.
+  command -v redis-server >/dev/null 2>&1 || { say "redis-server still missing after apt-get"; exit 1; }
+}
+
+ensure_venv
+ensure_packages
+ensure_redis
+say "ready: $("$VENV/bin/python" -V 2>&1), Django $("$VENV/bin/python" -c 'import django; print(django.get_version())'), $(redis-server --version | cut -d' ' -f1-3)"

@@ -1,0 +1,198 @@
+"""`make demo`: push tasks, SIGKILL a worker mid-flight, count what happened, serve the admin.
+
+Every number printed is counted from Redis after the fact: each demo task records
+its own executions, and the report compares that with what was pushed.
+Ctrl-C stops every process this script started (by PID, nothing else).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from testproject.cluster import (  # noqa: E402
+    CeleryWorker,
+    RedisServer,
+    wait_until,
+    worker_env,
+)
+
+RUN = REPO / ".run"
+DEMO_PORT = 6391  # matches testproject/settings.py's default RELIER_REDIS_URL
+ADMIN_USER, ADMIN_PASSWORD = "demo", "demo-password"
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+_last_drawn: tuple[int, str] | None = None
+
+
+def progress(done: int, total: int, label: str) -> None:
+    global _last_drawn
+    if _last_drawn == (done, label):
+        return
+    _last_drawn = (done, label)
+    width = 40
+    filled = int(width * done / total) if total else width
+    bar = "#" * filled + "-" * (width - filled)
+    sys.stdout.write(f"\r  [{bar}] {done:>5}/{total} {label}   ")
+    sys.stdout.flush()
+
+
+def manage(env: dict[str, str], *args: str) -> None:
+    subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env, check=True)
+
+
+def django_setup(env: dict[str, str]) -> None:
+    os.environ.update(env)
+    import django
+
+    django.setup()
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir).resolve()
+    run_dir.mkdir(exist_ok=True)
+    redis_server = RedisServer(directory=run_dir / "redis", port=args.port)
+    workers: list[CeleryWorker] = []
+    server: subprocess.Popen[bytes] | None = None
+    try:
+        say(f"relier_django demo: private Redis on 127.0.0.1:{args.port}, data in {run_dir}")
+        redis_server.start()
+        client = redis_server.client()
+        # The demo owns this server: start each run from a clean slate.
+        client.flushall()
+        env = worker_env(redis_server.url, {"DATABASE_URL": f"sqlite:///{run_dir / 'db.sqlite3'}"})
+
+        say("Migrating the SQLite database and creating the demo admin login …")
+        manage(env, "migrate", "--noinput", "-v", "0")
+        django_setup(env)
+        ensure_admin()
+
+        say("Starting 2 Celery workers (prefork, concurrency 2) …")
+        for name in ("w1", "w2"):
+            workers.append(
+                CeleryWorker(
+                    redis_url=redis_server.url, log_dir=run_dir / "logs", name=name
+                ).start()
+            )
+        say("  The resurrector does not exist yet (issue 4): a killed worker's tasks stay lost.")
+
+        labels = push_batch(args.tasks)
+        kill_mid_flight(workers[0], client, labels)
+        wait_for_quiet(client, labels, args.settle_s)
+        report(client, labels)
+
+        if args.no_serve:
+            return 0
+        server = subprocess.Popen(
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{args.http_port}", "--noreload"],
+            cwd=REPO,
+            env=env,
+        )
+        url = f"http://127.0.0.1:{args.http_port}/admin/"
+        say(f"\nAdmin: {url}  login {ADMIN_USER} / {ADMIN_PASSWORD}")
+        say("Press Ctrl-C to stop every process this demo started.")
+        server.wait()
+        return 0
+    except KeyboardInterrupt:
+        say("\nStopping …")
+        return 0
+    finally:
+        if server is not None and server.poll() is None:
+            server.send_signal(signal.SIGINT)
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        for worker in workers:
+            worker.stop()
+        redis_server.stop()
+        say("All demo processes stopped.")
+
+
+def ensure_admin() -> None:
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    user, _ = user_model.objects.get_or_create(username=ADMIN_USER, defaults={"is_staff": True})
+    user.is_staff = user.is_superuser = True
+    user.set_password(ADMIN_PASSWORD)
+    user.save()
+
+
+def push_batch(count: int) -> list[str]:
+    from testproject.demo.tasks import plain_record
+
+    say(f"\nPushing {count} tasks (0.3 s of work each; vanilla Celery for now) …")
+    labels = [f"demo-{i}" for i in range(count)]
+    for i, label in enumerate(labels, 1):
+        plain_record.delay(label, 0.3)
+        progress(i, count, "pushed")
+    say()
+    return labels
+
+
+def executed(client, labels: list[str]) -> list[int]:
+    values = client.mget([f"demo:plain:{label}" for label in labels])
+    return [int(v) if v else 0 for v in values]
+
+
+def kill_mid_flight(worker: CeleryWorker, client, labels: list[str]) -> None:
+    wait_until(lambda: sum(map(bool, executed(client, labels))) >= 3, 60, what="tasks to start")
+    say(f"SIGKILL worker {worker.name} (main process and its children) while it holds tasks …")
+    worker.kill()
+
+
+def wait_for_quiet(client, labels: list[str], settle_s: float) -> None:
+    say("Waiting for the remaining tasks to finish …")
+    last, quiet_since = -1, time.monotonic()
+    while True:
+        done = sum(map(bool, executed(client, labels)))
+        progress(done, len(labels), "completed")
+        if done != last:
+            last, quiet_since = done, time.monotonic()
+        if done == len(labels) or time.monotonic() - quiet_since > settle_s:
+            break
+        time.sleep(0.2)
+    say()
+
+
+def report(client, labels: list[str]) -> None:
+    counts = executed(client, labels)
+    once = sum(1 for c in counts if c == 1)
+    twice = sum(1 for c in counts if c > 1)
+    missing = sum(1 for c in counts if c == 0)
+    say("\nDelivery report (counted from what the tasks recorded in Redis)")
+    say(f"  pushed            {len(labels):>6}")
+    say(f"  completed once    {once:>6}")
+    say("  in DLQ            not built yet (issue 5)")
+    say(f"  lost              {missing:>6}")
+    say(f"  duplicated        {twice:>6}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tasks", type=int, default=60)
+    parser.add_argument("--port", type=int, default=DEMO_PORT)
+    parser.add_argument("--run-dir", default=str(RUN), help="Redis data, SQLite db and logs")
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument(
+        "--settle-s", type=float, default=8.0, help="stop waiting after this long without progress"
+    )
+    parser.add_argument("--no-serve", action="store_true", help="exit after the report")
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

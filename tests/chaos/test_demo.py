@@ -1,0 +1,29 @@
+"""`make demo` runs to its delivery report (served admin excluded) on a private Redis."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from testproject.cluster import REPO_ROOT, free_port
+
+
+def test_demo_runs_to_a_report_whose_numbers_add_up(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable, "scripts/demo.py", "--no-serve", "--tasks", "16",
+            "--port", str(free_port()), "--run-dir", str(tmp_path), "--settle-s", "4",
+        ],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    counts = {
+        name: int(m.group(1))
+        for name in ("pushed", "completed once", "lost", "duplicated")
+        if (m := re.search(rf"^\s+{name}\s+(\d+)$", out, re.M))
+    }
+    assert counts["pushed"] == 16, out
+    assert counts["completed once"] + counts["lost"] + counts["duplicated"] == 16, out
+    assert "All demo processes stopped." in out

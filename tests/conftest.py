@@ -1,0 +1,112 @@
+"""Fixtures: a private redis-server per session, per-test flushing, real Celery workers.
+
+No fixture here ever connects to a server the suite did not start: the session's
+Redis gets a free port and a temp dir, and workers run in their own process groups
+so that every signal reaches only processes the test started.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from testproject.cluster import CeleryWorker, RedisServer
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+_TIER_BY_DIR = {"unit": "unit", "integration": "integration", "chaos": "chaos"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier from the directory it lives in."""
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(TESTS_DIR).parts
+        if parts and parts[0] in _TIER_BY_DIR:
+            item.add_marker(getattr(pytest.mark, _TIER_BY_DIR[parts[0]]))
+
+
+def _point_process_at(url: str) -> None:
+    """Make this test process (Django settings, relier config, Celery app) use ``url``.
+
+    pytest-django imports the settings before any fixture runs, so the private
+    server's URL is applied here rather than through the environment alone. The
+    environment is set too, for worker subprocesses and for ``relier_django.conf``.
+    """
+    from django.conf import settings
+
+    from relier_django import conf
+    from testproject.celery import app as celery_app
+
+    os.environ["RELIER_REDIS_URL"] = url
+    os.environ["CELERY_BROKER_URL"] = url
+    settings.RELIER_REDIS_URL = url
+    settings.RELIER = {**getattr(settings, "RELIER", {}), "REDIS_URL": url}
+    conf.get_config.cache_clear()
+    celery_app.conf.broker_url = url
+    # Drop any broker connection made before this point; Celery rebuilds its pools lazily.
+    if celery_app._pool is not None:
+        celery_app._pool.force_close_all()
+        celery_app._pool = None
+    celery_app.amqp._producer_pool = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One private redis-server for the session: AOF everysec, noeviction, stopped by PID."""
+    server = RedisServer(directory=tmp_path_factory.mktemp("redis")).start()
+    _point_process_at(server.url)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client on the private server, flushed before the test: per-test isolation."""
+    client = redis_server.client()
+    client.flushall()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+WorkerFactory = Callable[..., CeleryWorker]
+
+
+@pytest.fixture
+def worker_factory(
+    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
+) -> Iterator[WorkerFactory]:
+    """Start real ``celery -A testproject worker`` processes; all are stopped at teardown.
+
+    Keyword arguments go to :class:`CeleryWorker` (``name``, ``concurrency``,
+    ``queues``, ``extra_env``, ``extra_args``).
+    """
+    started: list[CeleryWorker] = []
+
+    def start(**kwargs: object) -> CeleryWorker:
+        kwargs.setdefault("name", f"w{len(started) + 1}")
+        worker = CeleryWorker(redis_url=redis_server.url, log_dir=tmp_path, **kwargs)  # type: ignore[arg-type]
+        started.append(worker)
+        return worker.start()
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.stop()
+        for worker in started:
+            # Shown by pytest only when the test failed.
+            print(f"----- log of worker {worker.name} -----\n{worker.log_text()[-6000:]}")
+
+
+@pytest.fixture
+def worker(worker_factory: WorkerFactory) -> CeleryWorker:
+    """One real prefork worker, concurrency 2, on the private Redis."""
+    return worker_factory()
