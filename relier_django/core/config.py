@@ -30,6 +30,10 @@ class Config:
     max_retries: int = 3
     retry_backoff_s: float = 1.0
     retry_backoff_max_s: float = 300.0
+    # A task stored at push but not started within this long is re-dispatched (fenced,
+    # so at most one copy runs). Covers a producer dying between store and send; keep
+    # it above the longest backlog wait you expect.
+    queued_grace_s: float = 3600.0
     # Where resurrected tasks are re-dispatched; workers consume it automatically.
     recovery_queue: str = "relier.recovery"
     # Socket timeout for Redis calls made by the core.

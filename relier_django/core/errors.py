@@ -10,3 +10,55 @@ class RelierError(Exception):
 class ConfigError(RelierError, ValueError):
     """A setting has a value that cannot work. The Django layer re-raises it as
     ``ImproperlyConfigured``."""
+
+
+class EnvelopeError(RelierError):
+    """A message that is not a valid envelope. ``raw`` keeps the bytes as received, so
+    the DLQ can store them untouched; ``reason`` is a DLQ reason code."""
+
+    def __init__(self, message: str, *, raw: object, reason: str) -> None:
+        super().__init__(message)
+        self.raw = raw
+        self.reason = reason
+
+
+class TaskFailed(RelierError):
+    """The task will not produce a result: it is in the dead-letter queue.
+
+    Attributes:
+        task_id: the task's id.
+        reason: the DLQ reason code (``exception``, ``retries_exhausted``, ...).
+        error: ``"ExceptionType: message"`` of the last failure, when there was one.
+    """
+
+    def __init__(self, task_id: str, reason: str, error: str | None = None) -> None:
+        detail = f": {error}" if error else ""
+        super().__init__(f"task {task_id} is in the dead-letter queue ({reason}){detail}")
+        self.task_id = task_id
+        self.reason = reason
+        self.error = error
+
+
+class DuplicateTaskId(RelierError):
+    """``push(task_id=...)`` reused the id of a task that still exists."""
+
+
+class StaleFence(RelierError):
+    """An incarnation tried to act after its fence moved on; its action was refused."""
+
+    def __init__(self, task_id: str, fence: int, current_fence: int) -> None:
+        super().__init__(
+            f"task {task_id}: incarnation with fence {fence} is stale "
+            f"(current fence: {current_fence if current_fence >= 0 else 'none, task finished'})"
+        )
+        self.task_id = task_id
+        self.fence = fence
+        self.current_fence = current_fence
+
+
+class TaskLost(BaseException):
+    """Raised inside a task whose incarnation was superseded (its fence moved).
+
+    A ``BaseException``, like ``CancelledError``, so a task's ``except Exception``
+    cannot swallow it.
+    """

@@ -1,16 +1,29 @@
-"""Example tasks used by the tests, the chaos runner and the demo."""
+"""Example tasks used by the tests, the chaos runner and the demo.
+
+Each relier task records every execution in Redis (``demo:exec:<label>``: one entry
+per run, with its fence), so a test can count runs independently of commits.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import redis
 from celery import shared_task
 from django.conf import settings
 
+from relier_django import TaskContext, rl_task
+
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.RELIER_REDIS_URL)
+    return redis.Redis.from_url(settings.RELIER_REDIS_URL, decode_responses=True)
+
+
+def _record(label: str, ctx: TaskContext | None = None) -> int:
+    """Append one execution record; returns how many times ``label`` has run."""
+    entry = f"{ctx.fence_token}:{ctx.worker}" if ctx else "-"
+    return int(_redis().rpush(f"demo:exec:{label}", entry))
 
 
 @shared_task(name="demo.plain_record")
@@ -20,3 +33,64 @@ def plain_record(label: str, sleep_s: float = 0.0) -> str:
         time.sleep(sleep_s)
     _redis().incr(f"demo:plain:{label}")
     return label
+
+
+@rl_task(name="demo.record")
+async def record(ctx: TaskContext, label: str, sleep_s: float = 0.0) -> dict:
+    """An async task: sleeps, records its run, returns who ran it."""
+    if sleep_s:
+        await asyncio.sleep(sleep_s)
+    runs = _record(label, ctx)
+    return {"label": label, "fence": ctx.fence_token, "runs": runs}
+
+
+@rl_task(name="demo.sync_record")
+def sync_record(ctx: TaskContext, label: str, sleep_s: float = 0.0) -> dict:
+    """The same as ``record``, as a plain ``def`` (runs in a thread)."""
+    if sleep_s:
+        time.sleep(sleep_s)
+    runs = _record(label, ctx)
+    return {"label": label, "fence": ctx.fence_token, "runs": runs}
+
+
+@rl_task(name="demo.charge", idempotent=True)
+def charge(ctx: TaskContext, order_id: str, amount: int, sleep_s: float = 0.0) -> dict:
+    """An idempotent task: N pushes of one (order_id, amount) charge once."""
+    if sleep_s:
+        time.sleep(sleep_s)
+    _record(f"charge:{order_id}", ctx)
+    return {"order_id": order_id, "amount": amount, "task_id": ctx.task_id}
+
+
+@rl_task(name="demo.refund", idempotent=True)
+def refund(ctx: TaskContext, order_id: str, amount: int, sleep_s: float = 0.0) -> dict:
+    """Same arguments as ``charge``, a different task: never shares its result."""
+    _record(f"refund:{order_id}", ctx)
+    return {"refunded": order_id, "task_id": ctx.task_id}
+
+
+@rl_task(name="demo.flaky", retry_on=(TimeoutError,), max_retries=3, retry_backoff=0.05)
+def flaky(ctx: TaskContext, label: str, failures: int) -> dict:
+    """Raises TimeoutError on its first ``failures`` runs, then succeeds."""
+    runs = _record(label, ctx)
+    if runs <= failures:
+        raise TimeoutError(f"run {runs} of {label} timed out")
+    return {"runs": runs, "attempt": ctx.attempt, "fence": ctx.fence_token}
+
+
+@rl_task(name="demo.explode", idempotent=True)
+def explode(label: str) -> None:
+    """Always raises: lands in the DLQ with reason ``exception``."""
+    _record(label)
+    raise ValueError(f"cannot process {label}")
+
+
+@rl_task(name="demo.unserializable")
+def unserializable(label: str) -> object:
+    _record(label)
+    return object()
+
+
+@rl_task(name="demo.noop")
+async def noop() -> None:
+    """Does nothing: for overhead benchmarks."""

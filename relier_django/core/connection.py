@@ -1,0 +1,89 @@
+"""Redis clients: one sync client per process, one asyncio client per event loop.
+
+Fork safety: clients are cached per PID, so a prefork child never reuses a socket
+its parent opened (redis-py's pools also check the PID, this makes it explicit).
+Async clients are cached per event loop and never cross loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import weakref
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+import redis.asyncio
+
+from .config import Config
+
+_lock = threading.Lock()
+_sync: dict[tuple[int, str], redis.Redis] = {}
+_async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, redis.asyncio.Redis]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced, for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def sync_client(config: Config) -> redis.Redis:
+    """This process's client for ``config.redis_url`` (decoded str replies)."""
+    key = (os.getpid(), config.redis_url)
+    client = _sync.get(key)
+    if client is None:
+        with _lock:
+            client = _sync.get(key)
+            if client is None:
+                client = redis.Redis.from_url(
+                    config.redis_url,
+                    decode_responses=True,
+                    socket_timeout=config.redis_socket_timeout_s,
+                    socket_connect_timeout=config.redis_socket_timeout_s,
+                    health_check_interval=30,
+                )
+                _sync[key] = client
+    return client
+
+
+def async_client(config: Config) -> redis.asyncio.Redis:
+    """The running loop's client for ``config.redis_url``. Call from inside the loop."""
+    loop = asyncio.get_running_loop()
+    per_loop = _async.get(loop)
+    if per_loop is None:
+        per_loop = _async[loop] = {}
+    client = per_loop.get(config.redis_url)
+    if client is None:
+        client = per_loop[config.redis_url] = redis.asyncio.Redis.from_url(
+            config.redis_url,
+            decode_responses=True,
+            socket_timeout=config.redis_socket_timeout_s,
+            socket_connect_timeout=config.redis_socket_timeout_s,
+            health_check_interval=30,
+        )
+    return client
+
+
+async def close_loop_clients() -> None:
+    """Close the running loop's clients (before a disposable loop is closed)."""
+    per_loop = _async.pop(asyncio.get_running_loop(), {})
+    for client in per_loop.values():
+        await client.aclose()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's sockets belong to the parent; forget them without closing them.
+    _sync.clear()
+    _async.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,107 @@
+"""Fence-checked transitions of one incarnation: start, heartbeat, commit, retry.
+
+Each is one Lua script; each refuses to act unless the caller holds the task's
+current fence (G2).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import scripts
+from .envelope import Envelope, canonical
+from .keys import KeySpace
+
+
+def history_tail(event: str, **fields: Any) -> str:
+    """A history entry without its opening brace; the script prefixes the server time."""
+    return canonical({"event": event, **fields})[1:]
+
+
+@dataclass(frozen=True, slots=True)
+class StartResult:
+    started: bool
+    refusal: str = ""  # 'gone' | 'stale' | 'started'
+    current_fence: int = -1
+    attempt: int = 0
+    resurrections: int = 0
+
+
+def _parse_start(reply: list[Any]) -> StartResult:
+    if int(reply[0]) == 1:
+        return StartResult(True, attempt=int(reply[1]), resurrections=int(reply[2]))
+    return StartResult(False, refusal=str(reply[1]), current_fence=int(reply[2]))
+
+
+def start(
+    keys: KeySpace, env: Envelope, worker: str, ttl_ms: int
+) -> scripts.ScriptCall[StartResult]:
+    tail = history_tail("start", fence=env.fence, attempt=env.attempt, worker=worker)
+    return scripts.ScriptCall(
+        scripts.START,
+        keys.for_start(env.id),
+        [env.id, env.fence, worker, ttl_ms, tail],
+        _parse_start,
+    )
+
+
+def heartbeat(
+    keys: KeySpace, held: Sequence[tuple[str, int]], ttl_ms: int
+) -> scripts.ScriptCall[list[str]]:
+    """Refresh all ``(task_id, fence)`` pairs at once; returns the ids that were lost."""
+    ids = [task_id for task_id, _ in held]
+    args: list[scripts.Arg] = [ttl_ms]
+    for task_id, fence in held:
+        args += [task_id, fence]
+
+    def parse(reply: list[Any]) -> list[str]:
+        return [ids[int(i) - 1] for i in reply]
+
+    return scripts.ScriptCall(scripts.HEARTBEAT, keys.for_heartbeat(ids), args, parse)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """The reply of a fence-checked write: accepted, or the fence that refused it."""
+
+    accepted: bool
+    value: int  # the new fence for retry, the current fence when refused (-1: gone)
+
+
+def parse_transition(reply: list[Any]) -> Transition:
+    return Transition(int(reply[0]) == 1, int(reply[1]))
+
+
+def commit(
+    keys: KeySpace, env: Envelope, record: str, result_ttl_ms: int
+) -> scripts.ScriptCall[Transition]:
+    idem = keys.idempotency(env.task, env.idem_key) if env.idem_key else None
+    return scripts.ScriptCall(
+        scripts.COMMIT,
+        keys.for_commit(env.id, idem),
+        [env.id, env.fence, record, result_ttl_ms],
+        parse_transition,
+    )
+
+
+def retry(
+    keys: KeySpace, env: Envelope, nxt: Envelope, delay_ms: int, grace_ms: int, error: str
+) -> scripts.ScriptCall[Transition]:
+    """Store ``nxt`` (fence + 1) as the task's next incarnation."""
+    assert nxt.fence == env.fence + 1, "the next incarnation must carry fence + 1"
+    tail = history_tail(
+        "retry", fence=env.fence, attempt=env.attempt, error=error, delay_ms=delay_ms
+    )
+    return scripts.ScriptCall(
+        scripts.RETRY,
+        keys.for_retry(env.id),
+        [env.id, env.fence, nxt.encode(), delay_ms, grace_ms, tail],
+        parse_transition,
+    )
+
+
+def decode_history(raw: str) -> list[dict[str, Any]]:
+    return list(json.loads(raw)) if raw else []

@@ -1,0 +1,60 @@
+"""Idempotency keys and the push-time claim (push.lua) and its undo (abort.lua)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import scripts
+from .envelope import Envelope, canonical
+from .keys import KeySpace
+
+KeyOption = str | Callable[..., str] | None
+
+
+def derive_key(option: KeyOption, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """The logical idempotency key: explicit, computed by a callable of the arguments,
+    or (default) the canonical JSON of the arguments. The task name is added when the
+    Redis key is built, so two tasks never share a key."""
+    if option is None:
+        return canonical({"args": list(args), "kwargs": dict(kwargs)})
+    if callable(option):
+        value = option(*args, **kwargs)
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"idempotency_key callable must return a non-empty str, got {value!r}")
+        return value
+    return option
+
+
+@dataclass(frozen=True, slots=True)
+class StoreResult:
+    stored: bool
+    task_id: str  # the new task, or the one that holds the idempotency claim
+    id_taken: bool = False
+
+
+def _parse_store(reply: list[Any]) -> StoreResult:
+    code, task_id = int(reply[0]), str(reply[1])
+    return StoreResult(stored=code == 1, task_id=task_id, id_taken=code == -1)
+
+
+def store(
+    keys: KeySpace, envelope: Envelope, encoded: str, queued_grace_ms: int
+) -> scripts.ScriptCall[StoreResult]:
+    """push.lua: claim (if idempotent), store the envelope, mint fence 1."""
+    idem = keys.idempotency(envelope.task, envelope.idem_key) if envelope.idem_key else None
+    return scripts.ScriptCall(
+        scripts.PUSH,
+        keys.for_push(envelope.id, idem),
+        [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms],
+        _parse_store,
+    )
+
+
+def abort(keys: KeySpace, envelope: Envelope) -> scripts.ScriptCall[bool]:
+    """abort.lua: undo a push whose send failed, if nothing has moved since."""
+    idem = keys.idempotency(envelope.task, envelope.idem_key) if envelope.idem_key else None
+    return scripts.ScriptCall(
+        scripts.ABORT, keys.for_abort(envelope.id, idem), [envelope.id], lambda r: bool(int(r))
+    )

@@ -1,0 +1,88 @@
+"""The whole Redis key schema. Nothing else in relier_django builds a key string.
+
+Per-task keys share a ``{task_id}`` hash tag. Each script has one method here that
+returns its KEYS in the order its ``.lua`` header declares.
+
+| key                         | type   | owner / lifetime                                        |
+|-----------------------------|--------|---------------------------------------------------------|
+| ``<p>:t:{id}``              | hash   | the task while unfinished; deleted by commit / DLQ      |
+| ``<p>:h:{id}``              | list   | incarnation history; deleted by commit, copied to DLQ   |
+| ``<p>:r:{id}``              | string | the outcome a receipt reads; TTL ``result_ttl_s``       |
+| ``<p>:i:<task>:<sha256>``   | string | idempotency claim -> task id; TTL set at commit, CAD'd  |
+| ``<p>:expiry``              | zset   | task id -> deadline (ms, Redis clock); the scan index   |
+| ``<p>:dlq``                 | zset   | DLQ entry id -> dead-lettered at (ms)                   |
+| ``<p>:dlq:e:{id}``          | hash   | one DLQ entry                                           |
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpace:
+    prefix: str = "rl"
+
+    # -- single keys -------------------------------------------------------------
+    def task(self, task_id: str) -> str:
+        return f"{self.prefix}:t:{{{task_id}}}"
+
+    def history(self, task_id: str) -> str:
+        return f"{self.prefix}:h:{{{task_id}}}"
+
+    def result(self, task_id: str) -> str:
+        return f"{self.prefix}:r:{{{task_id}}}"
+
+    def idempotency(self, task_name: str, key: str) -> str:
+        # Namespaced by the task's full dotted name: a.process(1) and b.process(1)
+        # never share a claim. Hashed so any user string makes a bounded, safe key.
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return f"{self.prefix}:i:{task_name}:{digest}"
+
+    @property
+    def expiry(self) -> str:
+        return f"{self.prefix}:expiry"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}:dlq"
+
+    def dlq_entry(self, entry_id: str) -> str:
+        return f"{self.prefix}:dlq:e:{{{entry_id}}}"
+
+    def all_pattern(self) -> str:
+        """A SCAN pattern matching every key of this key space."""
+        return f"{self.prefix}:*"
+
+    # -- KEYS for each script, in the order of its header -------------------------
+    def for_push(self, task_id: str, idem_key: str | None) -> list[str]:
+        keys = [self.task(task_id), self.history(task_id), self.expiry]
+        return [*keys, idem_key] if idem_key else keys
+
+    def for_abort(self, task_id: str, idem_key: str | None) -> list[str]:
+        return self.for_push(task_id, idem_key)
+
+    def for_start(self, task_id: str) -> list[str]:
+        return [self.task(task_id), self.history(task_id), self.expiry]
+
+    def for_heartbeat(self, task_ids: list[str]) -> list[str]:
+        return [self.expiry, *(self.task(t) for t in task_ids)]
+
+    def for_commit(self, task_id: str, idem_key: str | None) -> list[str]:
+        keys = [self.task(task_id), self.history(task_id), self.expiry, self.result(task_id)]
+        return [*keys, idem_key] if idem_key else keys
+
+    def for_retry(self, task_id: str) -> list[str]:
+        return [self.task(task_id), self.history(task_id), self.expiry]
+
+    def for_dead_letter(self, task_id: str, entry_id: str, idem_key: str | None) -> list[str]:
+        keys = [
+            self.task(task_id),
+            self.history(task_id),
+            self.expiry,
+            self.result(task_id),
+            self.dlq,
+            self.dlq_entry(entry_id),
+        ]
+        return [*keys, idem_key] if idem_key else keys

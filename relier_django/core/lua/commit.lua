@@ -1,0 +1,26 @@
+-- commit.lua: fence check, result write, idempotent-result cache and clean-up, atomically.
+-- Serves G2 (only the current incarnation commits: at most one result per task), G4
+-- (duplicates find the cached result) and G7 (every per-task working key goes here).
+--
+-- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
+-- KEYS[4]  result key
+-- KEYS[5]  idempotency key (only for idempotent tasks)
+-- ARGV[1]  task id
+-- ARGV[2]  fence of the committing incarnation
+-- ARGV[3]  outcome record, JSON, as receipts read it
+-- ARGV[4]  result TTL, ms
+-- RETURNS  {1, 0}              committed
+--          {0, current_fence}  rejected: the fence moved (-1: the task is gone)
+local id = ARGV[1]
+local fields = redis.call('HMGET', KEYS[1], 'fence', 'state')
+if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
+  return {0, tonumber(fields[1]) or -1}
+end
+local ttl = tonumber(ARGV[4])
+redis.call('SET', KEYS[4], ARGV[3], 'PX', ttl)
+if KEYS[5] and redis.call('GET', KEYS[5]) == id then
+  redis.call('PEXPIRE', KEYS[5], ttl)
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('ZREM', KEYS[3], id)
+return {1, 0}

@@ -1,0 +1,26 @@
+-- retry.lua: turn a failed incarnation into the next one (same task id, fence + 1).
+-- Serves G1 (the new incarnation is covered by the expiry index before it is sent) and
+-- G2 (the failed incarnation's fence is dead from here on).
+--
+-- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
+-- ARGV[1]  task id
+-- ARGV[2]  fence of the failed incarnation (must be current)
+-- ARGV[3]  the next envelope, canonical JSON, carrying fence ARGV[2] + 1
+-- ARGV[4]  countdown before the next incarnation may start, ms
+-- ARGV[5]  queued grace, ms (as in push.lua)
+-- ARGV[6]  history event: JSON object without its opening brace (see start.lua)
+-- RETURNS  {1, new_fence}         the next incarnation is stored; send it now
+--          {0, current_fence}     rejected: the fence moved (-1: the task is gone)
+local id = ARGV[1]
+local fields = redis.call('HMGET', KEYS[1], 'fence', 'state')
+if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
+  return {0, tonumber(fields[1]) or -1}
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
+redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+redis.call('HSET', KEYS[1], 'env', ARGV[3], 'state', 'queued', 'worker', '')
+redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]) + tonumber(ARGV[5]), id)
+redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[6])
+return {1, fence}

@@ -1,0 +1,34 @@
+-- start.lua: accept a delivered message only if it carries the task's current fence.
+-- Serves G2 (an older incarnation's copy, redelivered by the broker, never runs) and
+-- G1 (a started task is covered by a heartbeat deadline in the expiry index).
+-- One start per fence: a second delivery of the same incarnation is refused too.
+--
+-- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
+-- ARGV[1]  task id
+-- ARGV[2]  fence carried by the message
+-- ARGV[3]  worker id (hostname:pid)
+-- ARGV[4]  heartbeat TTL, ms
+-- ARGV[5]  history event: a JSON object without its opening brace; the script
+--          prefixes {"at_ms":<server time>,
+-- RETURNS  {1, attempt, resurrections}   started
+--          {0, 'gone', -1}                no such task (finished, dead-lettered, never stored)
+--          {0, 'stale', current_fence}    the fence has moved on
+--          {0, 'started', current_fence}  this incarnation already started elsewhere
+local id = ARGV[1]
+local current = redis.call('HGET', KEYS[1], 'fence')
+if not current then
+  return {0, 'gone', -1}
+end
+if current ~= ARGV[2] then
+  return {0, 'stale', tonumber(current)}
+end
+if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then
+  return {0, 'started', tonumber(current)}
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[3], 'started_ms', now_ms)
+redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]), id)
+redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[5])
+local fields = redis.call('HMGET', KEYS[1], 'attempt', 'res')
+return {1, tonumber(fields[1]), tonumber(fields[2])}

@@ -1,0 +1,26 @@
+"""The outcome record stored under a task's result key, written by commit or
+dead-letter, read by receipts. Internal outcomes (stale, duplicate) never get one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .envelope import canonical
+from .errors import TaskFailed
+
+
+def succeeded(result: Any) -> str:
+    return canonical({"status": "ok", "result": result})
+
+
+def failed(reason: str, error: str | None, entry_id: str) -> str:
+    return canonical({"status": "failed", "reason": reason, "error": error, "dlq_id": entry_id})
+
+
+def read(task_id: str, record: str) -> Any:
+    """The task's result, or ``TaskFailed`` when it was dead-lettered."""
+    data = json.loads(record)
+    if data["status"] == "ok":
+        return data["result"]
+    raise TaskFailed(task_id, data["reason"], data.get("error"))

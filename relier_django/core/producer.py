@@ -1,0 +1,126 @@
+"""The push pipeline: validate arguments, build the envelope, store it (and claim the
+idempotency key) in one script, then hand it to the broker.
+
+``push`` is for sync code, ``apush`` for async code; both share ``prepare`` and make
+the same calls: one Redis round trip (push.lua) plus the broker publish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import bridge, broker, config, idempotency
+from .connection import async_client, sync_client
+from .envelope import Envelope, canonical
+from .errors import DuplicateTaskId
+from .keys import KeySpace
+from .receipt import Receipt
+from .spec import TaskSpec
+
+logger = logging.getLogger("relier_django.producer")
+
+
+def _check_json(spec: TaskSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    try:
+        bound = spec.user_signature().bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{spec.name}: {exc}") from None
+    for name, value in bound.arguments.items():
+        try:
+            canonical(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"{spec.name}: argument {name!r} is a {type(value).__name__}, which cannot be "
+                f"sent as JSON ({exc}); pass plain JSON values (str, int, float, bool, None, "
+                "list, dict with str keys), e.g. an id instead of a model instance"
+            ) from None
+
+
+def prepare(
+    spec: TaskSpec, args: Sequence[Any], kwargs: Mapping[str, Any], task_id: str | None = None
+) -> Envelope:
+    """Validate the call and build its first envelope (fence 1). Raises ``TypeError``
+    for arguments that do not fit the signature or are not JSON-serialisable."""
+    _check_json(spec, args, kwargs)
+    idem = idempotency.derive_key(spec.idempotency_key, args, kwargs) if spec.idempotent else None
+    return Envelope(
+        id=task_id or uuid.uuid4().hex,
+        task=spec.name,
+        args=tuple(args),
+        kwargs=dict(kwargs),
+        queue=spec.queue or "",
+        idem_key=idem,
+        created_ms=int(time.time() * 1000),
+    )
+
+
+def _receipt(cfg: config.Config, env: Envelope, stored: idempotency.StoreResult) -> Receipt | None:
+    if stored.id_taken:
+        raise DuplicateTaskId(f"a task with id {env.id!r} already exists")
+    if not stored.stored:
+        logger.info("idempotent duplicate task=%s task_id=%s", env.task, stored.task_id)
+        return Receipt(stored.task_id, deduplicated=True, config=cfg)
+    return None
+
+
+def push(
+    spec: TaskSpec,
+    app: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    task_id: str | None = None,
+) -> Receipt:
+    """Sync push. See ``RelierTask.push`` for the guarantees."""
+    if bridge.in_running_loop():
+        raise RuntimeError(
+            f"{spec.name}.push() was called inside a running event loop, where it would "
+            f"block; use `await {spec.name.rsplit('.', 1)[-1]}.apush(...)` instead"
+        )
+    cfg = config.current()
+    env = prepare(spec, args, kwargs, task_id)
+    encoded = env.encode()
+    keys = KeySpace(cfg.key_prefix)
+    client = sync_client(cfg)
+    stored = idempotency.store(keys, env, encoded, int(cfg.queued_grace_s * 1000)).run(client)
+    if (dup := _receipt(cfg, env, stored)) is not None:
+        return dup
+    try:
+        broker.send(app, env, encoded)
+    except BaseException:
+        idempotency.abort(keys, env).run(client)
+        raise
+    return Receipt(env.id, deduplicated=False, config=cfg)
+
+
+async def apush(
+    spec: TaskSpec,
+    app: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    task_id: str | None = None,
+) -> Receipt:
+    """Async push: the same steps as :func:`push`, without blocking the event loop."""
+    cfg = config.current()
+    env = prepare(spec, args, kwargs, task_id)
+    encoded = env.encode()
+    keys = KeySpace(cfg.key_prefix)
+    client = async_client(cfg)
+    stored = await idempotency.store(keys, env, encoded, int(cfg.queued_grace_s * 1000)).arun(
+        client
+    )
+    if (dup := _receipt(cfg, env, stored)) is not None:
+        return dup
+    try:
+        # kombu's publish is blocking; keep it off the caller's loop.
+        await asyncio.get_running_loop().run_in_executor(None, broker.send, app, env, encoded)
+    except BaseException:
+        await idempotency.abort(keys, env).arun(client)
+        raise
+    return Receipt(env.id, deduplicated=False, config=cfg)

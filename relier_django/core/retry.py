@@ -1,0 +1,18 @@
+"""Backoff between retries: exponential, capped, with jitter so that a burst of
+failures does not come back as a burst."""
+
+from __future__ import annotations
+
+import random
+
+
+def backoff_s(attempt: int, base_s: float, cap_s: float, rng: random.Random | None = None) -> float:
+    """Delay before retry number ``attempt`` (1 = first retry).
+
+    Equal jitter: half of the exponential step is kept, the other half is random, so
+    the delay is never zero and never above ``cap_s``.
+    """
+    if base_s <= 0:
+        return 0.0
+    step = min(cap_s, base_s * 2 ** (attempt - 1))
+    return step / 2 + (rng or random).uniform(0, step / 2)

@@ -1,0 +1,217 @@
+"""One incarnation: verify → start → execute → commit | retry | dead-letter.
+
+Runs on the process's bridge loop. ``async def`` tasks run on the loop itself; plain
+``def`` tasks run in a thread, so the loop stays free for heartbeats. The runner never
+imports the producer: a retry re-publishes through ``broker`` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from typing import Any
+
+from . import broker, dlq, fencing, heartbeat, outcome
+from .config import Config
+from .connection import async_client
+from .context import TaskContext
+from .dlq import Failure, Reason
+from .envelope import Envelope, decode
+from .errors import EnvelopeError, TaskLost
+from .keys import KeySpace
+from .retry import backoff_s
+from .spec import TaskSpec
+
+logger = logging.getLogger("relier_django.runner")
+
+
+class Runner:
+    """Runs messages of one task definition with one config."""
+
+    def __init__(self, spec: TaskSpec | None, app: Any, config: Config, worker: str) -> None:
+        self.spec = spec
+        self.app = app
+        self.config = config
+        self.worker = worker
+        self.keys = KeySpace(config.key_prefix)
+        ttl_s = spec.result_ttl_s if spec and spec.result_ttl_s is not None else config.result_ttl_s
+        self.result_ttl_ms = int(ttl_s * 1000)
+
+    @property
+    def client(self):  # type: ignore[no-untyped-def]
+        return async_client(self.config)
+
+    async def run(self, raw: object, expected_task: str | None = None) -> None:
+        """Execute one delivered message. Never raises for task-level failures: every
+        outcome is a commit, a retry, a dead-letter, or a logged refusal."""
+        try:
+            env = decode(raw)
+        except EnvelopeError as exc:
+            logger.error("undecodable message reason=%s: %s", exc.reason, exc)
+            await self._dead(
+                None,
+                Failure(Reason(exc.reason), "EnvelopeError", str(exc), worker=self.worker),
+                raw=exc.raw,
+            )
+            return
+        if self.spec is None or env.task != (expected_task or self.spec.name):
+            await self._dead(
+                env,
+                Failure(
+                    Reason.UNKNOWN_TASK,
+                    "NotRegistered",
+                    f"no task named {env.task!r} on worker {self.worker}",
+                    worker=self.worker,
+                ),
+            )
+            return
+        await self._incarnation(self.spec, env)
+
+    async def _incarnation(self, spec: TaskSpec, env: Envelope) -> None:
+        ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
+        started = await fencing.start(self.keys, env, self.worker, ttl_ms).arun(self.client)
+        if not started.started:
+            # Internal outcome: nothing for a caller to see, but never silent.
+            logger.warning(
+                "message refused task_id=%s fence=%s reason=%s current_fence=%s",
+                env.id,
+                env.fence,
+                started.refusal,
+                started.current_fence,
+            )
+            return
+        ctx = TaskContext(
+            env.id, env.fence, started.attempt, started.resurrections, env.task, self.worker
+        )
+        beats = heartbeat.for_running_loop(self.config)
+        work = asyncio.get_running_loop().create_task(self._invoke(spec, ctx, env))
+
+        def lost() -> None:
+            ctx.mark_lost()
+            work.cancel()
+
+        beats.add(env.id, env.fence, lost)
+        try:
+            result = await work
+        except asyncio.CancelledError:
+            if ctx.is_current():
+                raise  # the worker itself is shutting down
+            logger.warning(
+                "incarnation cancelled: superseded task_id=%s fence=%s", env.id, env.fence
+            )
+            return
+        except TaskLost:
+            logger.warning("incarnation gave up: superseded task_id=%s fence=%s", env.id, env.fence)
+            return
+        except Exception as exc:
+            await self._failed(spec, env, exc)
+            return
+        finally:
+            beats.remove(env.id)
+        await self._commit(env, result)
+
+    async def _invoke(self, spec: TaskSpec, ctx: TaskContext, env: Envelope) -> Any:
+        args = (ctx, *env.args) if spec.wants_context else env.args
+        if spec.is_async:
+            return await spec.fn(*args, **env.kwargs)
+        return await asyncio.to_thread(spec.fn, *args, **env.kwargs)
+
+    async def _commit(self, env: Envelope, result: Any) -> None:
+        try:
+            record = outcome.succeeded(result)
+        except (TypeError, ValueError) as exc:
+            failure = Failure(
+                Reason.RESULT_NOT_SERIALIZABLE,
+                type(exc).__name__,
+                f"the task returned a {type(result).__name__}, which is not JSON: {exc}",
+                worker=self.worker,
+            )
+            await self._dead(env, failure)
+            return
+        done = await fencing.commit(self.keys, env, record, self.result_ttl_ms).arun(self.client)
+        if done.accepted:
+            logger.info("committed task_id=%s fence=%s", env.id, env.fence)
+        else:
+            logger.warning(
+                "stale commit rejected task_id=%s fence=%s current_fence=%s",
+                env.id,
+                env.fence,
+                done.value,
+            )
+
+    async def _failed(self, spec: TaskSpec, env: Envelope, exc: Exception) -> None:
+        retryable = isinstance(exc, spec.retry_on) if spec.retry_on else False
+        max_retries = spec.max_retries if spec.max_retries is not None else self.config.max_retries
+        error = f"{type(exc).__name__}: {exc}"
+        if retryable and env.attempt <= max_retries:
+            await self._retry(spec, env, error)
+            return
+        reason = Reason.RETRIES_EXHAUSTED if retryable else Reason.EXCEPTION
+        failure = Failure(
+            reason,
+            type(exc).__name__,
+            str(exc),
+            "".join(traceback.format_exception(exc)),
+            worker=self.worker,
+        )
+        await self._dead(env, failure)
+
+    async def _retry(self, spec: TaskSpec, env: Envelope, error: str) -> None:
+        delay_s = backoff_s(
+            env.attempt,
+            spec.retry_backoff_s
+            if spec.retry_backoff_s is not None
+            else self.config.retry_backoff_s,
+            spec.retry_backoff_max_s
+            if spec.retry_backoff_max_s is not None
+            else self.config.retry_backoff_max_s,
+        )
+        nxt = env.next_incarnation(attempt=env.attempt + 1)
+        grace_ms = int(self.config.queued_grace_s * 1000)
+        call = fencing.retry(self.keys, env, nxt, int(delay_s * 1000), grace_ms, error)
+        stored = await call.arun(self.client)
+        if not stored.accepted:
+            logger.warning(
+                "stale retry rejected task_id=%s fence=%s current_fence=%s",
+                env.id,
+                env.fence,
+                stored.value,
+            )
+            return
+        logger.info(
+            "retrying task_id=%s attempt=%s in %.2fs after %s", env.id, nxt.attempt, delay_s, error
+        )
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, broker.send, self.app, nxt, None, delay_s
+            )
+        except Exception:
+            # Stored and covered by the expiry index: it is re-dispatched once its
+            # queued grace runs out, so nothing is lost; only delayed.
+            logger.error(
+                "retry publish failed task_id=%s fence=%s", env.id, nxt.fence, exc_info=True
+            )
+
+    async def reject_malformed(self, detail: str, raw: object) -> None:
+        """Dead-letter a message that is not an envelope at all, keeping what arrived."""
+        failure = Failure(Reason.MALFORMED_MESSAGE, "NotAnEnvelope", detail, worker=self.worker)
+        await self._dead(None, failure, raw=raw)
+
+    async def _dead(self, env: Envelope | None, failure: Failure, raw: object = None) -> None:
+        call = dlq.dead_letter(self.keys, failure, self.result_ttl_ms, env=env, raw=raw)
+        moved = await call.arun(self.client)
+        if moved.accepted:
+            logger.error(
+                "dead-lettered task_id=%s reason=%s error=%s",
+                env.id if env else "-",
+                failure.reason,
+                failure.error,
+            )
+        else:
+            logger.warning(
+                "stale dead-letter rejected task_id=%s fence=%s current_fence=%s",
+                env and env.id,
+                env and env.fence,
+                moved.value,
+            )

@@ -1,0 +1,79 @@
+"""Lua scripts: loaded once from ``lua/``, called by EVALSHA, reloaded on NOSCRIPT.
+
+Each script has exactly one typed wrapper elsewhere in the core (its only caller).
+A wrapper returns a :class:`ScriptCall`, which runs on a sync client (``run``) or an
+asyncio client (``arun``), so sync and async paths share one definition.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Generic, TypeVar
+
+import redis
+import redis.asyncio
+
+T = TypeVar("T")
+Arg = str | int | float | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LuaScript:
+    """One ``.lua`` file. ``sha`` is computed locally, so no round trip is spent on it."""
+
+    name: str
+    source: str
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha1(self.source.encode()).hexdigest()  # Redis names scripts by SHA-1
+
+    def run(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            # After SCRIPT FLUSH, a restart or a failover: load and call in one go.
+            return client.eval(self.source, len(keys), *keys, *args)
+
+    async def arun(
+        self, client: redis.asyncio.Redis, keys: Sequence[str], args: Sequence[Arg]
+    ) -> Any:
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            return await client.eval(self.source, len(keys), *keys, *args)
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall(Generic[T]):
+    """A script with its KEYS and ARGV bound, and the parser of its reply."""
+
+    script: LuaScript
+    keys: Sequence[str]
+    args: Sequence[Arg]
+    parse: Callable[[Any], T]
+
+    def run(self, client: redis.Redis) -> T:
+        return self.parse(self.script.run(client, self.keys, self.args))
+
+    async def arun(self, client: redis.asyncio.Redis) -> T:
+        return self.parse(await self.script.arun(client, self.keys, self.args))
+
+
+def _load(name: str) -> LuaScript:
+    source = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text()
+    return LuaScript(name=name, source=source)
+
+
+PUSH = _load("push")
+ABORT = _load("abort")
+START = _load("start")
+HEARTBEAT = _load("heartbeat")
+COMMIT = _load("commit")
+RETRY = _load("retry")
+DEAD_LETTER = _load("dead_letter")
+
+ALL: tuple[LuaScript, ...] = (PUSH, ABORT, START, HEARTBEAT, COMMIT, RETRY, DEAD_LETTER)

@@ -1,0 +1,48 @@
+"""What ``@rl_task`` knows about a task: its function and its options."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .idempotency import KeyOption
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """A task's definition. ``None`` options fall back to the config in force."""
+
+    name: str
+    fn: Callable[..., Any]
+    queue: str | None = None
+    idempotent: bool = False
+    idempotency_key: KeyOption = None
+    result_ttl_s: int | None = None
+    max_resurrections: int | None = None
+    retry_on: tuple[type[BaseException], ...] = ()
+    max_retries: int | None = None
+    retry_backoff_s: float | None = None
+    retry_backoff_max_s: float | None = None
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    @property
+    def wants_context(self) -> bool:
+        """True when the first parameter is named ``ctx`` or annotated ``TaskContext``."""
+        params = list(inspect.signature(self.fn).parameters.values())
+        if not params:
+            return False
+        first = params[0]
+        annotation = first.annotation
+        named = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+        return first.name == "ctx" or named.endswith("TaskContext")
+
+    def user_signature(self) -> inspect.Signature:
+        """The signature callers push against (without the injected context)."""
+        sig = inspect.signature(self.fn)
+        params = list(sig.parameters.values())
+        return sig.replace(parameters=params[1:] if self.wants_context else params)

@@ -1,0 +1,175 @@
+"""``@rl_task``: a Celery task whose every message is a fenced, checksummed envelope."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from celery import Task, shared_task
+
+from . import bridge, celery_signals, config, producer
+from .idempotency import KeyOption
+from .receipt import Receipt
+from .runner import Runner
+from .spec import TaskSpec
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class RelierTask(Task):  # type: ignore[misc]
+    """The Celery task class behind every ``@rl_task``.
+
+    Celery's own ``delay()`` and ``apply_async()`` would send the bare arguments and
+    bypass the envelope, the fence and the stored copy; they raise and name ``push()``.
+    """
+
+    relier_spec: TaskSpec
+    ignore_result = True
+    serializer = "json"
+    typing = False  # arguments are checked by push(); the Celery message carries one envelope
+
+    def push(self, *args: Any, **kwargs: Any) -> Receipt:
+        """Dispatch the task from sync code.
+
+        Once this returns, the task is stored in Redis and handed to the broker: it
+        runs to a committed result or lands in the dead-letter queue.
+
+        Raises:
+            TypeError: an argument does not fit the signature or is not JSON-serialisable.
+            RuntimeError: called inside a running event loop (use ``apush``).
+            redis.exceptions.RedisError / kombu errors: nothing was dispatched.
+        """
+        return producer.push(self.relier_spec, self.app, args, kwargs)
+
+    async def apush(self, *args: Any, **kwargs: Any) -> Receipt:
+        """Dispatch the task from async code; same guarantees as :meth:`push`."""
+        return await producer.apush(self.relier_spec, self.app, args, kwargs)
+
+    def delay(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"{self.name} is an @rl_task: use {self.name.rsplit('.', 1)[-1]}.push(...) "
+            "(or await .apush(...)); .delay() would bypass the envelope and its guarantees"
+        )
+
+    def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"{self.name} is an @rl_task: use {self.name.rsplit('.', 1)[-1]}.push(...) "
+            "(or await .apush(...)); .apply_async() would bypass the envelope and its guarantees"
+        )
+
+
+def _worker_id(task: Task) -> str:
+    hostname = getattr(task.request, "hostname", None) or os.uname().nodename
+    return f"{hostname}:{os.getpid()}"
+
+
+def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> None:
+    """The Celery task body, in the worker process: run the envelope on the bridge loop."""
+    runner = Runner(self.relier_spec, self.app, config.current(), _worker_id(self))
+    if len(args) == 1 and not kwargs:
+        bridge.run(runner.run(args[0]))
+        return
+    # Not sent by push(): keep what arrived rather than running it or dropping it.
+    detail = (
+        f"{self.name} received {len(args)} positional and {len(kwargs)} keyword arguments; "
+        "@rl_task messages carry exactly one envelope (was it sent with send_task()?)"
+    )
+    bridge.run(runner.reject_malformed(detail, raw=repr({"args": args, "kwargs": kwargs})))
+
+
+@overload
+def rl_task(fn: F, /) -> RelierTask: ...
+@overload
+def rl_task(
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    idempotent: bool = False,
+    idempotency_key: KeyOption = None,
+    result_ttl: int | None = None,
+    max_resurrections: int | None = None,
+    retry_on: tuple[type[BaseException], ...] = (),
+    max_retries: int | None = None,
+    retry_backoff: float | None = None,
+    retry_backoff_max: float | None = None,
+) -> Callable[[F], RelierTask]: ...
+
+
+def rl_task(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    idempotent: bool = False,
+    idempotency_key: KeyOption = None,
+    result_ttl: int | None = None,
+    max_resurrections: int | None = None,
+    retry_on: tuple[type[BaseException], ...] = (),
+    max_retries: int | None = None,
+    retry_backoff: float | None = None,
+    retry_backoff_max: float | None = None,
+) -> Any:
+    """Declare a task that cannot be lost. Works on ``async def`` and plain ``def``.
+
+    The task registers on the project's Celery app the way ``shared_task`` does, so
+    ``autodiscover_tasks()`` finds it and a plain ``celery -A proj worker`` runs it.
+    Declare a first parameter ``ctx: TaskContext`` (or named ``ctx``) to receive the
+    incarnation's context.
+
+    Args:
+        name: the task name; default ``module.function``.
+        queue: the queue to publish to; default: Celery's routing.
+        idempotent: N pushes with one idempotency key run once; duplicates get the
+            first task's id and result.
+        idempotency_key: a string, or a callable of the task's arguments returning one;
+            default: the canonical JSON of the arguments. Always namespaced by ``name``.
+        result_ttl: seconds a committed result (and idempotency claim) is kept.
+        max_resurrections: re-dispatches after worker deaths before the DLQ.
+        retry_on: exception types that are retried as a new incarnation.
+        max_retries: retries before the DLQ with reason ``retries_exhausted``.
+        retry_backoff: base delay in seconds (exponential, with jitter).
+        retry_backoff_max: cap on one delay, seconds.
+    """
+    if idempotency_key is not None and not idempotent:
+        raise ValueError("idempotency_key= only makes sense with idempotent=True")
+    if not isinstance(retry_on, tuple) or not all(
+        inspect.isclass(t) and issubclass(t, BaseException) for t in retry_on
+    ):
+        raise TypeError("retry_on must be a tuple of exception classes, e.g. (TimeoutError,)")
+
+    def decorate(func: Callable[..., Any]) -> RelierTask:
+        if not callable(func):
+            raise TypeError(f"@rl_task decorates a function, not {func!r}")
+        task_name = name or f"{func.__module__}.{func.__qualname__}"
+        spec = TaskSpec(
+            name=task_name, fn=func, queue=queue, idempotent=idempotent,
+            idempotency_key=idempotency_key, result_ttl_s=result_ttl,
+            max_resurrections=max_resurrections, retry_on=retry_on, max_retries=max_retries,
+            retry_backoff_s=retry_backoff, retry_backoff_max_s=retry_backoff_max,
+        )  # fmt: skip
+        celery_signals.connect()
+        body = _make_body(func)
+        return shared_task(  # type: ignore[no-any-return]
+            name=task_name, bind=True, base=RelierTask, relier_spec=spec
+        )(body)
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
+
+
+def _make_body(func: Callable[..., Any]) -> Callable[..., None]:
+    # Celery names the generated class and reads the docstring from the body function.
+    def body(self: RelierTask, *args: Any, **kwargs: Any) -> None:
+        _entry(self, *args, **kwargs)
+
+    body.__name__ = func.__name__
+    body.__qualname__ = func.__qualname__
+    body.__module__ = func.__module__
+    body.__doc__ = func.__doc__
+    return body

@@ -1,0 +1,150 @@
+"""The task core end to end on a real worker: sync and async tasks, push and apush,
+commit, retries, the DLQ, and the guard rails around Celery's own API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from relier_django import TaskFailed
+from relier_django.core import config, dlq
+from relier_django.core.connection import sync_client
+from relier_django.core.keys import KeySpace
+from testproject.demo import tasks
+
+KEYS = KeySpace("rl")
+
+
+def runs(client, label: str) -> list[str]:
+    return [r.decode() for r in client.lrange(f"demo:exec:{label}", 0, -1)]
+
+
+def test_async_task_commits_and_get_returns_its_result(worker, redis_client):
+    receipt = tasks.record.push("a1")
+    assert receipt.deduplicated is False
+    assert receipt.get(timeout=30) == {"label": "a1", "fence": 1, "runs": 1}
+    assert len(runs(redis_client, "a1")) == 1
+
+
+def test_sync_task_commits(worker, redis_client):
+    assert tasks.sync_record.push("s1").get(timeout=30)["runs"] == 1
+
+
+def test_apush_and_aget_from_async_code(worker, redis_client):
+    async def view():
+        receipt = await tasks.record.apush("async-1")
+        return await receipt.aget(timeout=30)
+
+    assert asyncio.run(view())["label"] == "async-1"
+
+
+def test_push_inside_a_running_loop_names_apush(redis_client):
+    async def view():
+        tasks.record.push("x")
+
+    with pytest.raises(RuntimeError, match=r"await record\.apush"):
+        asyncio.run(view())
+    assert redis_client.dbsize() == 0  # nothing stored
+
+
+def test_celery_delay_and_apply_async_refuse_and_name_push():
+    with pytest.raises(TypeError, match=r"record\.push"):
+        tasks.record.delay("x")
+    with pytest.raises(TypeError, match=r"record\.push"):
+        tasks.record.apply_async(("x",))
+
+
+def test_retry_on_runs_new_incarnations_with_growing_fences(worker, redis_client):
+    result = tasks.flaky.push("f1", 2).get(timeout=30)
+    assert result == {"runs": 3, "attempt": 3, "fence": 3}
+    assert [r.split(":")[0] for r in runs(redis_client, "f1")] == ["1", "2", "3"]
+
+
+def test_retries_exhausted_lands_in_the_dlq_with_history(worker, redis_client):
+    receipt = tasks.flaky.push("f2", 99)
+    with pytest.raises(TaskFailed) as err:
+        receipt.get(timeout=30)
+    assert err.value.reason == "retries_exhausted"
+    assert len(runs(redis_client, "f2")) == 4  # first run + max_retries=3
+    entry = dlq.get(sync_client(config.current()), KEYS, receipt.task_id)
+    assert entry.data["exc_type"] == "TimeoutError"
+    assert [h["event"] for h in entry.history].count("start") == 4
+    assert entry.history[-1]["event"] == "dead"
+
+
+def test_an_exception_goes_to_the_dlq_and_frees_the_idempotency_key(worker, redis_client):
+    first = tasks.explode.push("e1")
+    with pytest.raises(TaskFailed) as err:
+        first.get(timeout=30)
+    assert err.value.reason == "exception"
+    assert "ValueError: cannot process e1" in err.value.error
+    entry = dlq.get(sync_client(config.current()), KEYS, first.task_id)
+    assert "Traceback" in entry.data["traceback"] and "cannot process e1" in entry.data["traceback"]
+    assert entry.data["envelope"]["args"] == ["e1"]
+    # The key was released at once: the same push runs again, as a new task.
+    second = tasks.explode.push("e1")
+    assert second.deduplicated is False and second.task_id != first.task_id
+    with pytest.raises(TaskFailed):
+        second.get(timeout=30)
+    assert len(runs(redis_client, "e1")) == 2
+
+
+def test_a_result_that_is_not_json_lands_in_the_dlq(worker, redis_client):
+    with pytest.raises(TaskFailed) as err:
+        tasks.unserializable.push("u1").get(timeout=30)
+    assert err.value.reason == "result_not_serializable"
+
+
+def test_same_arguments_on_two_tasks_never_share_a_result(worker, redis_client):
+    a = tasks.charge.push("o-1", 10)
+    b = tasks.refund.push("o-1", 10)
+    assert a.task_id != b.task_id and not b.deduplicated
+    assert a.get(timeout=30)["task_id"] == a.task_id
+    assert b.get(timeout=30) == {"refunded": "o-1", "task_id": b.task_id}
+
+
+def test_an_unknown_task_name_goes_to_the_dlq_and_never_runs(worker, redis_client):
+    from relier_django.core import producer
+    from relier_django.core.spec import TaskSpec
+    from testproject.celery import app
+
+    ghost = TaskSpec(name="demo.ghost", fn=lambda label: None)
+    receipt = producer.push(ghost, app, ("g",), {})
+    with pytest.raises(TaskFailed) as err:
+        receipt.get(timeout=30)
+    assert err.value.reason == "unknown_task"
+
+
+def test_a_tampered_message_is_dead_lettered_with_its_raw_body_and_never_runs(worker, redis_client):
+    from relier_django.core import producer
+    from testproject.celery import app
+
+    env = producer.prepare(tasks.record.relier_spec, ("t1",), {})
+    body = json.loads(env.encode())
+    body["args"] = ["t1-tampered"]
+    raw = json.dumps(body)
+    app.send_task("demo.record", args=[raw], serializer="json")
+    client = sync_client(config.current())
+
+    def dead() -> list:
+        return dlq.recent(client, KEYS)
+
+    from testproject.cluster import wait_until
+
+    entries = wait_until(dead, 30, what="the DLQ entry")
+    assert entries[0].reason == "payload_integrity"
+    assert entries[0].data["raw"] == raw
+    assert runs(redis_client, "t1-tampered") == [] and runs(redis_client, "t1") == []
+
+
+def test_a_message_not_sent_by_push_is_kept_in_the_dlq(worker, redis_client):
+    from testproject.celery import app
+    from testproject.cluster import wait_until
+
+    app.send_task("demo.record", args=["a", "b"], serializer="json")
+    client = sync_client(config.current())
+    entries = wait_until(lambda: dlq.recent(client, KEYS), 30, what="the DLQ entry")
+    assert entries[0].reason == "malformed_message"
+    assert "'a', 'b'" in entries[0].data["raw"]
