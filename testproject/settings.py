@@ -97,6 +97,8 @@ LOGGING = {
         "relier_django": {
             "handlers": ["console"],
             "level": env.str("RELIER_LOG_LEVEL", default="INFO"),
+            # Celery's worker also logs through the root logger: print each line once.
+            "propagate": False,
         }
     },
 }

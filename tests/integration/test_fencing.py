@@ -1,0 +1,72 @@
+"""G2: a stale incarnation cannot commit; scripts survive SCRIPT FLUSH."""
+
+from __future__ import annotations
+
+import json
+
+from relier_django.core import broker, config, fencing, idempotency, producer
+from relier_django.core.connection import sync_client
+from relier_django.core.envelope import decode
+from relier_django.core.keys import KeySpace
+from testproject.celery import app
+from testproject.cluster import wait_until
+from testproject.demo import tasks
+
+KEYS = KeySpace("rl")
+
+
+def test_a_stale_incarnation_cannot_commit_and_the_current_result_stands(worker, redis_client):
+    client = sync_client(config.current())
+    receipt = tasks.sync_record.push("zombie", 1.5)
+    task_key = KEYS.task(receipt.task_id)
+    wait_until(lambda: client.hget(task_key, "state") == "running", 30, what="first incarnation")
+
+    # What a resurrection does: mint the next fence and re-dispatch the stored envelope.
+    old = decode(client.hget(task_key, "env"))
+    nxt = old.next_incarnation(resurrections=1)
+    client.hset(task_key, mapping={"fence": nxt.fence, "state": "queued", "env": nxt.encode()})
+    broker.send(app, nxt)
+
+    result = receipt.get(timeout=30)
+    assert result["fence"] == 2
+    fences = [r.split(":")[0] for r in client.lrange("demo:exec:zombie", 0, -1)]
+    assert sorted(fences) == ["1", "2"]  # both incarnations ran; only one committed
+    assert (
+        f"stale commit rejected task_id={receipt.task_id} fence=1 current_fence=2"
+        in worker.log_text()
+    )
+    # The committed result is still the current incarnation's.
+    assert json.loads(client.get(KEYS.result(receipt.task_id)))["result"]["fence"] == 2
+
+
+def test_commit_with_an_old_fence_is_refused_by_the_script(redis_client):
+    client = sync_client(config.current())
+    env = producer.prepare(tasks.record.relier_spec, ("x",), {})
+    idempotency.store(KEYS, env, env.encode(), 60_000).run(client)
+    assert fencing.start(KEYS, env, "w:1", 10_000).run(client).started
+    client.hincrby(KEYS.task(env.id), "fence", 1)  # a newer incarnation exists
+    refused = fencing.commit(KEYS, env, '{"status":"ok","result":1}', 60_000).run(client)
+    assert not refused.accepted and refused.value == 2
+    assert client.get(KEYS.result(env.id)) is None
+
+
+def test_heartbeat_refresh_reports_a_task_whose_fence_moved(redis_client):
+    client = sync_client(config.current())
+    envs = [producer.prepare(tasks.record.relier_spec, (f"h{i}",), {}) for i in range(3)]
+    for env in envs:
+        idempotency.store(KEYS, env, env.encode(), 60_000).run(client)
+        fencing.start(KEYS, env, "w:1", 1_000).run(client)
+    client.hincrby(KEYS.task(envs[1].id), "fence", 1)
+    lost = fencing.heartbeat(KEYS, [(e.id, e.fence) for e in envs], 5_000).run(client)
+    assert lost == [envs[1].id]
+    deadlines = dict(client.zrange(KEYS.expiry, 0, -1, withscores=True))
+    assert deadlines[envs[0].id] > deadlines[envs[1].id]  # only live tasks were extended
+
+
+def test_script_flush_in_the_middle_of_a_workload(worker, redis_client):
+    receipts = [tasks.record.push(f"flush-{i}", 0.05) for i in range(10)]
+    redis_client.script_flush()
+    receipts += [tasks.record.push(f"flush-{i}", 0.05) for i in range(10, 20)]
+    redis_client.script_flush()  # the worker's start/commit calls hit NOSCRIPT too
+    results = [r.get(timeout=60) for r in receipts]
+    assert [r["label"] for r in results] == [f"flush-{i}" for i in range(20)]
