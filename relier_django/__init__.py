@@ -6,7 +6,7 @@ Public API::
 """
 
 from .core.context import TaskContext
-from .core.errors import DuplicateTaskId, RelierError, StaleFence, TaskFailed, TaskLost
+from .core.errors import DuplicateTaskId, RelierError, TaskFailed, TaskLost
 from .core.receipt import Receipt
 from .core.task import RelierTask, rl_task
 
@@ -15,7 +15,6 @@ __all__ = [
     "Receipt",
     "RelierError",
     "RelierTask",
-    "StaleFence",
     "TaskContext",
     "TaskFailed",
     "TaskLost",

@@ -38,8 +38,6 @@ class Config:
     recovery_queue: str = "relier.recovery"
     # Socket timeout for Redis calls made by the core.
     redis_socket_timeout_s: float = 5.0
-    # Sync push() waits at most this long for the bridge loop before giving up.
-    push_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.heartbeat_ttl_s <= 0:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from .errors import TaskLost
+
 
 @dataclass(slots=True)
 class TaskContext:
@@ -34,6 +36,14 @@ class TaskContext:
         a superseded incarnation can never commit whatever this returns.
         """
         return not self._lost.is_set()
+
+    def ensure_current(self) -> None:
+        """Raise ``TaskLost`` if this incarnation was superseded: a cheap check for
+        long-running plain ``def`` tasks, which cannot be cancelled from outside."""
+        if self._lost.is_set():
+            raise TaskLost(
+                f"task {self.task_id}: incarnation with fence {self.fence_token} was superseded"
+            )
 
     def mark_lost(self) -> None:
         self._lost.set()

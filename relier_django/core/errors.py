@@ -43,19 +43,6 @@ class DuplicateTaskId(RelierError):
     """``push(task_id=...)`` reused the id of a task that still exists."""
 
 
-class StaleFence(RelierError):
-    """An incarnation tried to act after its fence moved on; its action was refused."""
-
-    def __init__(self, task_id: str, fence: int, current_fence: int) -> None:
-        super().__init__(
-            f"task {task_id}: incarnation with fence {fence} is stale "
-            f"(current fence: {current_fence if current_fence >= 0 else 'none, task finished'})"
-        )
-        self.task_id = task_id
-        self.fence = fence
-        self.current_fence = current_fence
-
-
 class TaskLost(BaseException):
     """Raised inside a task whose incarnation was superseded (its fence moved).
 

@@ -94,3 +94,8 @@ def unserializable(label: str) -> object:
 @rl_task(name="demo.noop")
 async def noop() -> None:
     """Does nothing: for overhead benchmarks."""
+
+
+@shared_task(name="demo.plain_noop")
+def plain_noop() -> None:
+    """Vanilla Celery no-op: the baseline of the overhead benchmarks."""

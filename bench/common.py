@@ -1,0 +1,78 @@
+"""Shared helpers: a private Redis, Django pointed at it, percentiles, results files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+sys.path.insert(0, str(REPO))
+
+from testproject.cluster import RedisServer, worker_env  # noqa: E402
+
+
+@contextlib.contextmanager
+def private_redis() -> Iterator[RedisServer]:
+    with tempfile.TemporaryDirectory(prefix="relier-bench-") as tmp:
+        server = RedisServer(directory=Path(tmp)).start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def setup_django(redis_url: str) -> None:
+    os.environ.update(worker_env(redis_url))
+    import django
+
+    django.setup()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary_ms(samples_s: list[float]) -> dict[str, float]:
+    ms = [s * 1000 for s in samples_s]
+    return {
+        "n": len(ms),
+        "p50_ms": round(percentile(ms, 50), 4),
+        "p99_ms": round(percentile(ms, 99), 4),
+        "mean_ms": round(statistics.fmean(ms), 4),
+    }
+
+
+def command_counts(client) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def diff_counts(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0}
+
+
+def machine() -> dict[str, object]:
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_result(name: str, data: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **data}, indent=2) + "\n")
+    return path
