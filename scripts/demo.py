@@ -86,12 +86,12 @@ def run(args: argparse.Namespace) -> int:
                     redis_url=redis_server.url, log_dir=run_dir / "logs", name=name
                 ).start()
             )
-        say("  The resurrector does not exist yet (issue 4): a killed worker's tasks stay lost.")
+        say("  Not built yet: the resurrector (a killed worker's tasks are not brought back).")
 
-        labels = push_batch(args.tasks)
-        kill_mid_flight(workers[0], client, labels)
-        wait_for_quiet(client, labels, args.settle_s)
-        report(client, labels)
+        receipts = push_batch(args.tasks)
+        kill_mid_flight(workers[0], client, receipts)
+        wait_for_quiet(client, receipts, args.settle_s)
+        report(client, receipts)
 
         if args.no_serve:
             return 0
@@ -131,54 +131,74 @@ def ensure_admin() -> None:
     user.save()
 
 
-def push_batch(count: int) -> list[str]:
-    from testproject.demo.tasks import plain_record
+def push_batch(count: int) -> dict[str, object]:
+    """Push ``count`` relier tasks plus one poison task; returns receipts by label."""
+    from testproject.demo.tasks import explode, record
 
-    say(f"\nPushing {count} tasks (0.3 s of work each; vanilla Celery for now) …")
-    labels = [f"demo-{i}" for i in range(count)]
-    for i, label in enumerate(labels, 1):
-        plain_record.delay(label, 0.3)
-        progress(i, count, "pushed")
+    say(f"\nPushing {count} tasks (0.3 s of work each) and one task that always raises …")
+    receipts: dict[str, object] = {}
+    for i in range(count):
+        label = f"demo-{i}"
+        receipts[label] = record.push(label, 0.3)
+        progress(i + 1, count, "pushed")
+    receipts["poison"] = explode.push("poison")
     say()
-    return labels
+    return receipts
 
 
-def executed(client, labels: list[str]) -> list[int]:
-    values = client.mget([f"demo:plain:{label}" for label in labels])
-    return [int(v) if v else 0 for v in values]
+def executions(client, labels) -> list[int]:
+    return [int(client.llen(f"demo:exec:{label}")) for label in labels]
 
 
-def kill_mid_flight(worker: CeleryWorker, client, labels: list[str]) -> None:
-    wait_until(lambda: sum(map(bool, executed(client, labels))) >= 3, 60, what="tasks to start")
+def outcomes(client, receipts: dict[str, object]) -> dict[str, str | None]:
+    """'ok', 'failed' (in the DLQ) or None (no outcome) per label, read from Redis."""
+    import json
+
+    from relier_django.core.keys import KeySpace
+
+    keys = KeySpace("rl")
+    records = client.mget([keys.result(r.task_id) for r in receipts.values()])
+    return {
+        label: (json.loads(rec)["status"] if rec else None)
+        for label, rec in zip(receipts, records, strict=True)
+    }
+
+
+def kill_mid_flight(worker: CeleryWorker, client, receipts: dict[str, object]) -> None:
+    wait_until(lambda: sum(map(bool, executions(client, receipts))) >= 3, 60, what="tasks to start")
     say(f"SIGKILL worker {worker.name} (main process and its children) while it holds tasks …")
     worker.kill()
 
 
-def wait_for_quiet(client, labels: list[str], settle_s: float) -> None:
+def wait_for_quiet(client, receipts: dict[str, object], settle_s: float) -> None:
     say("Waiting for the remaining tasks to finish …")
     last, quiet_since = -1, time.monotonic()
     while True:
-        done = sum(map(bool, executed(client, labels)))
-        progress(done, len(labels), "completed")
+        done = sum(v is not None for v in outcomes(client, receipts).values())
+        progress(done, len(receipts), "with an outcome")
         if done != last:
             last, quiet_since = done, time.monotonic()
-        if done == len(labels) or time.monotonic() - quiet_since > settle_s:
+        if done == len(receipts) or time.monotonic() - quiet_since > settle_s:
             break
         time.sleep(0.2)
     say()
 
 
-def report(client, labels: list[str]) -> None:
-    counts = executed(client, labels)
-    once = sum(1 for c in counts if c == 1)
-    twice = sum(1 for c in counts if c > 1)
-    missing = sum(1 for c in counts if c == 0)
-    say("\nDelivery report (counted from what the tasks recorded in Redis)")
-    say(f"  pushed            {len(labels):>6}")
+def report(client, receipts: dict[str, object]) -> None:
+    final = outcomes(client, receipts)
+    runs = dict(zip(receipts, executions(client, receipts), strict=True))
+    once = sum(1 for k, v in final.items() if v == "ok" and runs[k] == 1)
+    dead = sum(1 for v in final.values() if v == "failed")
+    lost = sum(1 for v in final.values() if v is None)
+    duplicated = sum(1 for k in receipts if runs[k] > 1)
+    say("\nDelivery report (counted from Redis: outcomes and each task's own execution log)")
+    say(f"  pushed            {len(receipts):>6}")
     say(f"  completed once    {once:>6}")
-    say("  in DLQ            not built yet (issue 5)")
-    say(f"  lost              {missing:>6}")
-    say(f"  duplicated        {twice:>6}")
+    say(f"  in DLQ            {dead:>6}")
+    say(f"  lost              {lost:>6}")
+    say(f"  duplicated        {duplicated:>6}")
+    if lost:
+        say("  (lost: tasks the killed worker held; bringing them back is the next issue's job)")
 
 
 def main() -> int:

@@ -21,9 +21,10 @@ def test_demo_runs_to_a_report_whose_numbers_add_up(tmp_path):
     out = result.stdout
     counts = {
         name: int(m.group(1))
-        for name in ("pushed", "completed once", "lost", "duplicated")
+        for name in ("pushed", "completed once", "in DLQ", "lost", "duplicated")
         if (m := re.search(rf"^\s+{name}\s+(\d+)$", out, re.M))
     }
-    assert counts["pushed"] == 16, out
-    assert counts["completed once"] + counts["lost"] + counts["duplicated"] == 16, out
+    assert counts["pushed"] == 17, out  # 16 tasks and the poison one
+    assert counts["in DLQ"] >= 1, out  # the poison task
+    assert counts["completed once"] + counts["in DLQ"] + counts["lost"] == 17, out
     assert "All demo processes stopped." in out

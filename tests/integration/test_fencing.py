@@ -70,3 +70,20 @@ def test_script_flush_in_the_middle_of_a_workload(worker, redis_client):
     redis_client.script_flush()  # the worker's start/commit calls hit NOSCRIPT too
     results = [r.get(timeout=60) for r in receipts]
     assert [r["label"] for r in results] == [f"flush-{i}" for i in range(20)]
+
+
+def test_a_running_async_incarnation_is_cancelled_when_its_fence_moves(
+    worker_factory, redis_client
+):
+    worker = worker_factory(extra_env={"RELIER_HEARTBEAT_TTL_S": "1.5"})
+    client = sync_client(config.current())
+    receipt = tasks.record.push("superseded", 6)
+    task_key = KEYS.task(receipt.task_id)
+    wait_until(lambda: client.hget(task_key, "state") == "running", 30, what="the task to start")
+    client.hincrby(task_key, "fence", 1)  # a newer incarnation now owns the task
+
+    line = f"incarnation cancelled: superseded task_id={receipt.task_id} fence=1"
+    wait_until(lambda: line in worker.log_text(), 10, what="zombie self-detection")
+    # Cancelled at its await: it never reached the line that records a run.
+    assert client.llen("demo:exec:superseded") == 0
+    assert client.get(KEYS.result(receipt.task_id)) is None
