@@ -10,6 +10,7 @@ commands per executed task with a real worker running the same no-ops.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import tempfile
 import time
 from pathlib import Path
@@ -36,13 +37,34 @@ def measure(fn, n: int) -> list[float]:
     return samples
 
 
-def interleaved(a, b, n: int, rounds: int = 10) -> tuple[list[float], list[float]]:
-    """Alternate blocks of each side, so drift on a shared machine hits both alike."""
-    sa, sb = [], []
+def measure_async(coro_fn, n: int, warmup: int = 20) -> list[float]:
+    """``n`` sequential awaits inside one event loop (as an ASGI view would)."""
+
+    from relier_django.core.connection import close_loop_clients
+
+    async def body() -> list[float]:
+        try:
+            for _ in range(warmup):
+                await coro_fn()
+            samples = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                await coro_fn()
+                samples.append(time.perf_counter() - t0)
+            return samples
+        finally:
+            await close_loop_clients()
+
+    return asyncio.run(body())
+
+
+def interleaved(sides, n: int, rounds: int = 10) -> list[list[float]]:
+    """Alternate blocks of each side, so drift on a shared machine hits all alike."""
+    samples: list[list[float]] = [[] for _ in sides]
     for _ in range(rounds):
-        sa += measure(a, n // rounds)
-        sb += measure(b, n // rounds)
-    return sa, sb
+        for i, side in enumerate(sides):
+            samples[i] += side(n // rounds)
+    return samples
 
 
 def per_push_commands(client, fn, n: int) -> dict[str, float]:
@@ -97,11 +119,21 @@ def main() -> dict:
         def relier():
             noop.push()
 
+        async def relier_async():
+            await noop.apush()
+
         measure(vanilla, 300)  # warm connections and script cache
         measure(relier, 300)
         client.flushall()
-        v, r = interleaved(vanilla, relier, args.n)
-        vs, rs = summary_ms(v), summary_ms(r)
+        v, r, a = interleaved(
+            [
+                lambda n: measure(vanilla, n),
+                lambda n: measure(relier, n),
+                lambda n: measure_async(relier_async, n),
+            ],
+            args.n,
+        )
+        vs, rs, as_ = summary_ms(v), summary_ms(r), summary_ms(a)
         net = {
             "p50_ms": round(rs["p50_ms"] - vs["p50_ms"], 4),
             "p99_ms": round(rs["p99_ms"] - vs["p99_ms"], 4),
@@ -118,6 +150,7 @@ def main() -> dict:
         "benchmark": "push_overhead",
         "vanilla_apply_async": vs,
         "relier_push": rs,
+        "relier_apush": as_,
         "net": net,
         "targets": {"net_p50_ms": TARGET_NET_P50_MS, "net_p99_ms": TARGET_NET_P99_MS},
         "met": net["p50_ms"] <= TARGET_NET_P50_MS and net["p99_ms"] <= TARGET_NET_P99_MS,
@@ -128,6 +161,7 @@ def main() -> dict:
     print(f"  {'':24} {'p50 ms':>9} {'p99 ms':>9}")
     print(f"  {'celery apply_async':24} {vs['p50_ms']:>9.3f} {vs['p99_ms']:>9.3f}")
     print(f"  {'relier push':24} {rs['p50_ms']:>9.3f} {rs['p99_ms']:>9.3f}")
+    print(f"  {'relier apush':24} {as_['p50_ms']:>9.3f} {as_['p99_ms']:>9.3f}")
     print(
         f"  {'net (relier - celery)':24} {net['p50_ms']:>9.3f} {net['p99_ms']:>9.3f}"
         f"   target <= {TARGET_NET_P50_MS} / {TARGET_NET_P99_MS}: "

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .envelope import Envelope
+
+_lock = threading.Lock()
+_executor: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def send(app: Any, env: Envelope, encoded: str | None = None, countdown_s: float = 0.0) -> None:
@@ -19,3 +26,23 @@ def send(app: Any, env: Envelope, encoded: str | None = None, countdown_s: float
         countdown=countdown_s or None,
         ignore_result=True,
     )
+
+
+def _publisher() -> ThreadPoolExecutor:
+    # kombu's publish is blocking. One long-lived pool per process (not the loop's
+    # default executor, which each new loop would recreate, threads and all).
+    global _executor
+    pid = os.getpid()
+    if _executor is None or _executor[0] != pid:
+        with _lock:
+            if _executor is None or _executor[0] != pid:
+                _executor = (pid, ThreadPoolExecutor(4, thread_name_prefix="relier-publish"))
+    return _executor[1]
+
+
+async def asend(
+    app: Any, env: Envelope, encoded: str | None = None, countdown_s: float = 0.0
+) -> None:
+    """:func:`send` for async code: the publish runs off the event loop."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(_publisher(), send, app, env, encoded, countdown_s)

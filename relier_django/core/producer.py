@@ -7,7 +7,6 @@ the same calls: one Redis round trip (push.lua) plus the broker publish.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -118,8 +117,7 @@ async def apush(
     if (dup := _receipt(cfg, env, stored)) is not None:
         return dup
     try:
-        # kombu's publish is blocking; keep it off the caller's loop.
-        await asyncio.get_running_loop().run_in_executor(None, broker.send, app, env, encoded)
+        await broker.asend(app, env, encoded)
     except BaseException:
         await idempotency.abort(keys, env).arun(client)
         raise
