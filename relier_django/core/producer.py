@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from . import bridge, broker, config, idempotency
@@ -19,6 +20,7 @@ from .envelope import Envelope, canonical
 from .errors import DuplicateTaskId
 from .keys import KeySpace
 from .receipt import Receipt
+from .scripts import ScriptCall
 from .spec import TaskSpec
 
 logger = logging.getLogger("relier_django.producer")
@@ -58,13 +60,38 @@ def prepare(
     )
 
 
-def _receipt(cfg: config.Config, env: Envelope, stored: idempotency.StoreResult) -> Receipt | None:
-    if stored.id_taken:
-        raise DuplicateTaskId(f"a task with id {env.id!r} already exists")
-    if not stored.stored:
-        logger.info("idempotent duplicate task=%s task_id=%s", env.task, stored.task_id)
-        return Receipt(stored.task_id, deduplicated=True, config=cfg)
-    return None
+@dataclass(frozen=True, slots=True)
+class _Push:
+    """One push in progress: what both ``push`` and ``apush`` compute before I/O."""
+
+    cfg: config.Config
+    env: Envelope
+    encoded: str
+    keys: KeySpace
+
+    @classmethod
+    def begin(
+        cls, spec: TaskSpec, args: Sequence[Any], kwargs: Mapping[str, Any], task_id: str | None
+    ) -> _Push:
+        cfg = config.current()
+        env = prepare(spec, args, kwargs, task_id)
+        return cls(cfg, env, env.encode(), KeySpace(cfg.key_prefix))
+
+    def store(self) -> ScriptCall[idempotency.StoreResult]:
+        grace_ms = int(self.cfg.queued_grace_s * 1000)
+        return idempotency.store(self.keys, self.env, self.encoded, grace_ms)
+
+    def duplicate(self, stored: idempotency.StoreResult) -> Receipt | None:
+        """The receipt of an idempotent duplicate, or None when this push was stored."""
+        if stored.id_taken:
+            raise DuplicateTaskId(f"a task with id {self.env.id!r} already exists")
+        if stored.stored:
+            return None
+        logger.info("idempotent duplicate task=%s task_id=%s", self.env.task, stored.task_id)
+        return Receipt(stored.task_id, deduplicated=True, config=self.cfg)
+
+    def receipt(self) -> Receipt:
+        return Receipt(self.env.id, deduplicated=False, config=self.cfg)
 
 
 def push(
@@ -81,20 +108,16 @@ def push(
             f"{spec.name}.push() was called inside a running event loop, where it would "
             f"block; use `await {spec.name.rsplit('.', 1)[-1]}.apush(...)` instead"
         )
-    cfg = config.current()
-    env = prepare(spec, args, kwargs, task_id)
-    encoded = env.encode()
-    keys = KeySpace(cfg.key_prefix)
-    client = sync_client(cfg)
-    stored = idempotency.store(keys, env, encoded, int(cfg.queued_grace_s * 1000)).run(client)
-    if (dup := _receipt(cfg, env, stored)) is not None:
+    p = _Push.begin(spec, args, kwargs, task_id)
+    client = sync_client(p.cfg)
+    if (dup := p.duplicate(p.store().run(client))) is not None:
         return dup
     try:
-        broker.send(app, env, encoded)
+        broker.send(app, p.env, p.encoded)
     except BaseException:
-        idempotency.abort(keys, env).run(client)
+        idempotency.abort(p.keys, p.env).run(client)
         raise
-    return Receipt(env.id, deduplicated=False, config=cfg)
+    return p.receipt()
 
 
 async def apush(
@@ -106,19 +129,13 @@ async def apush(
     task_id: str | None = None,
 ) -> Receipt:
     """Async push: the same steps as :func:`push`, without blocking the event loop."""
-    cfg = config.current()
-    env = prepare(spec, args, kwargs, task_id)
-    encoded = env.encode()
-    keys = KeySpace(cfg.key_prefix)
-    client = async_client(cfg)
-    stored = await idempotency.store(keys, env, encoded, int(cfg.queued_grace_s * 1000)).arun(
-        client
-    )
-    if (dup := _receipt(cfg, env, stored)) is not None:
+    p = _Push.begin(spec, args, kwargs, task_id)
+    client = async_client(p.cfg)
+    if (dup := p.duplicate(await p.store().arun(client))) is not None:
         return dup
     try:
-        await broker.asend(app, env, encoded)
+        await broker.asend(app, p.env, p.encoded)
     except BaseException:
-        await idempotency.abort(keys, env).arun(client)
+        await idempotency.abort(p.keys, p.env).arun(client)
         raise
-    return Receipt(env.id, deduplicated=False, config=cfg)
+    return p.receipt()

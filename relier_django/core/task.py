@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar, overload
+from typing import Any
 
 from celery import Task, shared_task
 
@@ -14,8 +14,6 @@ from .idempotency import KeyOption
 from .receipt import Receipt
 from .runner import Runner
 from .spec import TaskSpec
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 class RelierTask(Task):  # type: ignore[misc]
@@ -77,26 +75,6 @@ def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> None:
         "@rl_task messages carry exactly one envelope (was it sent with send_task()?)"
     )
     bridge.run(runner.reject_malformed(detail, raw=repr({"args": args, "kwargs": kwargs})))
-
-
-@overload
-def rl_task(fn: F, /) -> RelierTask: ...
-@overload
-def rl_task(
-    fn: None = None,
-    /,
-    *,
-    name: str | None = None,
-    queue: str | None = None,
-    idempotent: bool = False,
-    idempotency_key: KeyOption = None,
-    result_ttl: int | None = None,
-    max_resurrections: int | None = None,
-    retry_on: tuple[type[BaseException], ...] = (),
-    max_retries: int | None = None,
-    retry_backoff: float | None = None,
-    retry_backoff_max: float | None = None,
-) -> Callable[[F], RelierTask]: ...
 
 
 def rl_task(
