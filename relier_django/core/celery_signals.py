@@ -1,8 +1,14 @@
-"""Worker lifecycle hooks.
+"""Worker lifecycle hooks, connected by ``@rl_task`` (idempotent).
 
-``task_unknown``: a worker that receives an envelope for a task it does not know
-(a rolling deploy, a typo in a route) dead-letters it with reason ``unknown_task``
-instead of letting Celery discard it.
+- ``celeryd_after_setup``: the worker consumes the recovery queue, whatever ``-Q``
+  says, so resurrected tasks always find a consumer.
+- ``worker_ready`` / ``worker_shutting_down``: the embedded resurrector (a scanner
+  thread in the worker's main process; passes never block task execution).
+- ``task_received``: each prefetched/reserved message is covered by a heartbeat from
+  the main process until a pool process starts it (see ``reservations``).
+- ``task_unknown``: an envelope for a task this worker does not know (a rolling
+  deploy, a typo in a route) is dead-lettered with reason ``unknown_task`` instead of
+  being discarded by Celery.
 """
 
 from __future__ import annotations
@@ -14,9 +20,68 @@ from typing import Any
 from celery import signals
 
 from . import bridge, config
+from .reservations import Reservations, fence_of
+from .resurrector import Scanner
 from .runner import Runner
 
 logger = logging.getLogger("relier_django.signals")
+
+_scanner: Scanner | None = None
+_reservations: Reservations | None = None
+
+
+def _worker_id(hostname: object) -> str:
+    return f"{hostname or os.uname().nodename}:{os.getpid()}"
+
+
+def _on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    queue = config.current().recovery_queue
+    instance.app.amqp.queues.select_add(queue)
+    logger.info("consuming the recovery queue %s", queue)
+
+
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    global _scanner
+    cfg = config.current()
+    if not cfg.embedded_resurrector or _scanner is not None:
+        return
+    app = getattr(sender, "app", None)
+    _scanner = Scanner(app, cfg, _worker_id(getattr(sender, "hostname", None)))
+    _scanner.start_thread()
+    logger.info("embedded resurrector started scanner=%s", _scanner.scanner_id)
+
+
+def _on_worker_shutting_down(**_: Any) -> None:
+    global _scanner, _reservations
+    if _scanner is not None:
+        _scanner.stop()
+        _scanner = None
+    if _reservations is not None:
+        _reservations.stop()
+        _reservations = None
+
+
+def _tracked_request_ids() -> set[str]:
+    from celery.worker import state
+
+    for _ in range(3):  # the consumer thread may resize the dict while we copy it
+        try:
+            return set(state.requests)
+        except RuntimeError:
+            continue
+    return set(state.requests.copy())
+
+
+def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    global _reservations
+    args = getattr(request, "args", None)
+    fence = fence_of(args[0]) if isinstance(args, list | tuple) and len(args) == 1 else None
+    if fence is None:
+        return  # not an @rl_task envelope
+    if _reservations is None:
+        _reservations = Reservations(config.current(), _tracked_request_ids)
+        _reservations.start_thread()
+    _reservations.add(request.id, fence)
 
 
 def _on_task_unknown(sender: Any = None, message: Any = None, name: str = "", **_: Any) -> None:
@@ -29,20 +94,25 @@ def _on_task_unknown(sender: Any = None, message: Any = None, name: str = "", **
         return  # not an @rl_task message
     if '"sha256"' not in args[0]:
         return
-    hostname = getattr(sender, "hostname", None) or os.uname().nodename
-    runner = Runner(
-        None, getattr(sender, "app", None), config.current(), f"{hostname}:{os.getpid()}"
-    )
+    hostname = getattr(sender, "hostname", None)
+    runner = Runner(None, getattr(sender, "app", None), config.current(), _worker_id(hostname))
     try:
         bridge.run(runner.run(args[0], expected_task=name), timeout_s=30)
     except Exception:
         logger.error(
-            "could not dead-letter unknown task %s; message body: %r", name, args[0], exc_info=True
+            "could not dead-letter unknown task %s; body: %r", name, args[0], exc_info=True
         )
 
 
 def connect() -> None:
     """Connect the hooks (idempotent)."""
-    signals.task_unknown.connect(
-        _on_task_unknown, dispatch_uid="relier_django.task_unknown", weak=False
+    uid = "relier_django."
+    signals.celeryd_after_setup.connect(
+        _on_after_setup, dispatch_uid=uid + "after_setup", weak=False
     )
+    signals.worker_ready.connect(_on_worker_ready, dispatch_uid=uid + "worker_ready", weak=False)
+    signals.worker_shutting_down.connect(
+        _on_worker_shutting_down, dispatch_uid=uid + "shutting_down", weak=False
+    )
+    signals.task_received.connect(_on_task_received, dispatch_uid=uid + "task_received", weak=False)
+    signals.task_unknown.connect(_on_task_unknown, dispatch_uid=uid + "task_unknown", weak=False)

@@ -36,6 +36,14 @@ class Config:
     queued_grace_s: float = 3600.0
     # Where resurrected tasks are re-dispatched; workers consume it automatically.
     recovery_queue: str = "relier.recovery"
+    # The resurrector: how often it scans, and its brakes.
+    scan_interval_s: float = 2.0
+    resurrect_batch: int = 500  # expired tasks handled per pass
+    resurrect_lease_s: float = 30.0  # a pass's hold on a task while it re-dispatches it
+    recovery_max_depth: int = 10_000  # defer (and log) while the recovery queue is deeper
+    max_concurrent_sends: int = 16  # broker publishes in flight per pass
+    leader_lease_s: float = 10.0  # a crashed scanner leader is replaced within this
+    embedded_resurrector: bool = True  # every worker runs a scanner (one leads at a time)
     # Socket timeout for Redis calls made by the core.
     redis_socket_timeout_s: float = 5.0
 
@@ -50,7 +58,13 @@ class Config:
                 f"heartbeat_ttl_s ({self.heartbeat_ttl_s}), or a task's heartbeat expires "
                 "between two refreshes"
             )
-        for name in ("max_resurrections", "max_retries", "result_ttl_s"):
+        for name in ("resurrect_batch", "max_concurrent_sends"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        for name in ("scan_interval_s", "resurrect_lease_s", "leader_lease_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0")
+        for name in ("max_resurrections", "max_retries", "result_ttl_s", "recovery_max_depth"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         if not self.key_prefix or any(c in self.key_prefix for c in "{} "):

@@ -15,8 +15,22 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.retry
+import redis.backoff
+import redis.retry
 
 from .config import Config
+
+# A restart or a brief network cut must not fail a task's start or commit: retry
+# connection errors with backoff for about five seconds (redis-py's default gives up
+# within one). Every script is safe to re-run after an unseen success: fence checks
+# and push.lua's same-envelope check make a replay a no-op or a refusal.
+_RETRIES = 8
+
+
+def _backoff() -> redis.backoff.AbstractBackoff:
+    return redis.backoff.ExponentialWithJitterBackoff(base=0.05, cap=1.0)
+
 
 _lock = threading.Lock()
 _sync: dict[tuple[int, str], redis.Redis] = {}
@@ -47,6 +61,7 @@ def sync_client(config: Config) -> redis.Redis:
                 client = redis.Redis.from_url(
                     config.redis_url,
                     decode_responses=True,
+                    retry=redis.retry.Retry(_backoff(), _RETRIES),
                     socket_timeout=config.redis_socket_timeout_s,
                     socket_connect_timeout=config.redis_socket_timeout_s,
                     health_check_interval=30,
@@ -66,6 +81,7 @@ def async_client(config: Config) -> redis.asyncio.Redis:
         client = per_loop[config.redis_url] = redis.asyncio.Redis.from_url(
             config.redis_url,
             decode_responses=True,
+            retry=redis.asyncio.retry.Retry(_backoff(), _RETRIES),
             socket_timeout=config.redis_socket_timeout_s,
             socket_connect_timeout=config.redis_socket_timeout_s,
             health_check_interval=30,

@@ -49,11 +49,14 @@ def start(
 
 
 def heartbeat(
-    keys: KeySpace, held: Sequence[tuple[str, int]], ttl_ms: int
+    keys: KeySpace, held: Sequence[tuple[str, int]], ttl_ms: int, state: str = "running"
 ) -> scripts.ScriptCall[list[str]]:
-    """Refresh all ``(task_id, fence)`` pairs at once; returns the ids that were lost."""
+    """Refresh all ``(task_id, fence)`` pairs at once; returns the ids that were lost.
+
+    ``state`` is what the holder expects: ``running`` (a pool process's tasks) or
+    ``queued`` (a worker's reserved, not yet started messages)."""
     ids = [task_id for task_id, _ in held]
-    args: list[scripts.Arg] = [ttl_ms]
+    args: list[scripts.Arg] = [ttl_ms, state]
     for task_id, fence in held:
         args += [task_id, fence]
 

@@ -40,14 +40,14 @@ def _parse_store(reply: list[Any]) -> StoreResult:
 
 
 def store(
-    keys: KeySpace, envelope: Envelope, encoded: str, queued_grace_ms: int
+    keys: KeySpace, envelope: Envelope, encoded: str, queued_grace_ms: int, max_resurrections: int
 ) -> scripts.ScriptCall[StoreResult]:
     """push.lua: claim (if idempotent), store the envelope, mint fence 1."""
     idem = keys.idempotency(envelope.task, envelope.idem_key) if envelope.idem_key else None
     return scripts.ScriptCall(
         scripts.PUSH,
         keys.for_push(envelope.id, idem),
-        [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms],
+        [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms, max_resurrections],
         _parse_store,
     )
 

@@ -12,6 +12,7 @@ returns its KEYS in the order its ``.lua`` header declares.
 | ``<p>:expiry``              | zset   | task id -> deadline (ms, Redis clock); the scan index   |
 | ``<p>:dlq``                 | zset   | DLQ entry id -> dead-lettered at (ms)                   |
 | ``<p>:dlq:e:{id}``          | hash   | one DLQ entry                                           |
+| ``<p>:resurrector:leader``  | string | scanner leader lease; TTL, extended by its holder       |
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ class KeySpace:
     def dlq_entry(self, entry_id: str) -> str:
         return f"{self.prefix}:dlq:e:{{{entry_id}}}"
 
+    @property
+    def leader(self) -> str:
+        return f"{self.prefix}:resurrector:leader"
+
     def all_pattern(self) -> str:
         """A SCAN pattern matching every key of this key space."""
         return f"{self.prefix}:*"
@@ -75,6 +80,15 @@ class KeySpace:
 
     def for_retry(self, task_id: str) -> list[str]:
         return [self.task(task_id), self.history(task_id), self.expiry]
+
+    def for_resurrect(self, task_id: str) -> list[str]:
+        return [self.task(task_id), self.history(task_id), self.expiry]
+
+    def for_resurrected(self, task_id: str) -> list[str]:
+        return self.for_resurrect(task_id)
+
+    def for_leader(self) -> list[str]:
+        return [self.leader]
 
     def for_dead_letter(self, task_id: str, entry_id: str, idem_key: str | None) -> list[str]:
         keys = [

@@ -65,6 +65,7 @@ class _Push:
     """One push in progress: what both ``push`` and ``apush`` compute before I/O."""
 
     cfg: config.Config
+    spec: TaskSpec
     env: Envelope
     encoded: str
     keys: KeySpace
@@ -75,11 +76,13 @@ class _Push:
     ) -> _Push:
         cfg = config.current()
         env = prepare(spec, args, kwargs, task_id)
-        return cls(cfg, env, env.encode(), KeySpace(cfg.key_prefix))
+        return cls(cfg, spec, env, env.encode(), KeySpace(cfg.key_prefix))
 
     def store(self) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
-        return idempotency.store(self.keys, self.env, self.encoded, grace_ms)
+        limit = self.spec.max_resurrections
+        limit = self.cfg.max_resurrections if limit is None else limit
+        return idempotency.store(self.keys, self.env, self.encoded, grace_ms, limit)
 
     def duplicate(self, stored: idempotency.StoreResult) -> Receipt | None:
         """The receipt of an idempotent duplicate, or None when this push was stored."""

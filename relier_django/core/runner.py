@@ -105,6 +105,9 @@ class Runner:
             logger.warning("incarnation gave up: superseded task_id=%s fence=%s", env.id, env.fence)
             return
         except Exception as exc:
+            # Out of the heartbeat set before the outcome: a retry moves the fence, and
+            # that must not read as this incarnation being superseded.
+            beats.remove(env.id)
             await self._failed(spec, env, exc)
             return
         finally:

@@ -75,5 +75,12 @@ HEARTBEAT = _load("heartbeat")
 COMMIT = _load("commit")
 RETRY = _load("retry")
 DEAD_LETTER = _load("dead_letter")
+RESURRECT = _load("resurrect")
+RESURRECTED = _load("resurrected")
+LEADER = _load("leader")
+LEADER_RELEASE = _load("leader_release")
 
-ALL: tuple[LuaScript, ...] = (PUSH, ABORT, START, HEARTBEAT, COMMIT, RETRY, DEAD_LETTER)
+ALL: tuple[LuaScript, ...] = (
+    PUSH, ABORT, START, HEARTBEAT, COMMIT, RETRY, DEAD_LETTER,
+    RESURRECT, RESURRECTED, LEADER, LEADER_RELEASE,
+)  # fmt: skip

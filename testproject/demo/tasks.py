@@ -35,7 +35,8 @@ def plain_record(label: str, sleep_s: float = 0.0) -> str:
     return label
 
 
-@rl_task(name="demo.record")
+# The demo tasks talk to Redis themselves, so a Redis restart can fail them: retried.
+@rl_task(name="demo.record", retry_on=(redis.exceptions.ConnectionError,), retry_backoff=0.2)
 async def record(ctx: TaskContext, label: str, sleep_s: float = 0.0) -> dict:
     """An async task: sleeps, records its run, returns who ran it."""
     if sleep_s:
@@ -99,3 +100,13 @@ async def noop() -> None:
 @shared_task(name="demo.plain_noop")
 def plain_noop() -> None:
     """Vanilla Celery no-op: the baseline of the overhead benchmarks."""
+
+
+@rl_task(name="demo.self_destruct", max_resurrections=2)
+def self_destruct(ctx: TaskContext, label: str) -> None:
+    """Kills the process running it, every time: a poison task for the resurrection limit."""
+    import os
+    import signal
+
+    _record(label, ctx)
+    os.kill(os.getpid(), signal.SIGKILL)

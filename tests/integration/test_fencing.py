@@ -42,7 +42,7 @@ def test_a_stale_incarnation_cannot_commit_and_the_current_result_stands(worker,
 def test_commit_with_an_old_fence_is_refused_by_the_script(redis_client):
     client = sync_client(config.current())
     env = producer.prepare(tasks.record.relier_spec, ("x",), {})
-    idempotency.store(KEYS, env, env.encode(), 60_000).run(client)
+    idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client)
     assert fencing.start(KEYS, env, "w:1", 10_000).run(client).started
     client.hincrby(KEYS.task(env.id), "fence", 1)  # a newer incarnation exists
     refused = fencing.commit(KEYS, env, '{"status":"ok","result":1}', 60_000).run(client)
@@ -54,7 +54,7 @@ def test_heartbeat_refresh_reports_a_task_whose_fence_moved(redis_client):
     client = sync_client(config.current())
     envs = [producer.prepare(tasks.record.relier_spec, (f"h{i}",), {}) for i in range(3)]
     for env in envs:
-        idempotency.store(KEYS, env, env.encode(), 60_000).run(client)
+        idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client)
         fencing.start(KEYS, env, "w:1", 1_000).run(client)
     client.hincrby(KEYS.task(envs[1].id), "fence", 1)
     lost = fencing.heartbeat(KEYS, [(e.id, e.fence) for e in envs], 5_000).run(client)

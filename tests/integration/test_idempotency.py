@@ -85,7 +85,7 @@ def test_the_claim_is_atomic_under_a_race_that_breaks_get_then_set(redis_client)
 
     def lua_claim(key: str) -> bool:
         env = Envelope(id=uuid.uuid4().hex, task="demo.charge", idem_key=key)
-        return idempotency.store(KEYS, env, env.encode(), 60_000).run(client).stored
+        return idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client).stored
 
     def get_then_set_claim(key: str) -> bool:  # the defect this test guards against
         redis_key = KEYS.idempotency("demo.charge", key)

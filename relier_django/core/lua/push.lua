@@ -12,18 +12,24 @@
 -- ARGV[4]  queue
 -- ARGV[5]  queued grace, ms: a stored task not started by then is re-dispatched (fenced),
 --          which covers a producer that dies between this script and the broker send
+-- ARGV[6]  max resurrections for this task
 -- RETURNS  {1, id}        stored, fence 1 minted
 --          {0, other_id}  idempotent duplicate: other_id holds the claim
 --          {-1, id}       a task with this id already exists (caller-chosen id reused)
+-- Re-running the same call (a client retry after a lost reply) returns {1, id} again.
 local id = ARGV[1]
+local existing = redis.call('HGET', KEYS[1], 'env')
+if existing then
+  if existing == ARGV[2] then
+    return {1, id}
+  end
+  return {-1, id}
+end
 if KEYS[4] then
   local holder = redis.call('GET', KEYS[4])
   if holder then
     return {0, holder}
   end
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {-1, id}
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -33,6 +39,7 @@ if KEYS[4] then
 end
 redis.call('HSET', KEYS[1],
   'env', ARGV[2], 'fence', 1, 'state', 'queued', 'attempt', 1, 'res', 0,
-  'name', ARGV[3], 'queue', ARGV[4], 'idem', KEYS[4] or '', 'created_ms', now_ms)
+  'name', ARGV[3], 'queue', ARGV[4], 'idem', KEYS[4] or '', 'created_ms', now_ms,
+  'maxres', ARGV[6])
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[5]), id)
 return {1, id}

@@ -1,0 +1,245 @@
+"""The resurrector: brings back tasks whose heartbeat (or queued grace) expired.
+
+A pass reads the expiry index by score (``ZRANGEBYSCORE -inf <Redis now> LIMIT``),
+so it costs O(expired), not O(in flight). Per task, ``resurrect.lua`` re-checks the
+deadline on the Redis clock, takes a lease and mints the next fence; the stored
+envelope is re-published to the recovery queue; only once the broker accepted it
+does ``resurrected.lua`` count the resurrection and turn the lease into a queued
+grace. A task past its ``max_resurrections`` goes to the DLQ instead.
+
+:class:`Scanner` runs passes while it holds the leader lease, so of all the
+resurrectors running (one per worker, plus any standalone) one scans at a time; the
+per-task script makes even two concurrent passes re-dispatch each task once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from . import broker, dlq, scripts
+from .config import Config
+from .connection import sync_client
+from .dlq import Failure, Reason
+from .envelope import Envelope, decode
+from .errors import EnvelopeError
+from .fencing import history_tail
+from .keys import KeySpace
+
+logger = logging.getLogger("relier_django.resurrector")
+
+
+@dataclass(frozen=True, slots=True)
+class PassReport:
+    """What one pass did. ``outcomes`` counts per task: resurrected, dead_lettered,
+    skipped (alive again, or leased by another pass), send_failed, unreadable."""
+
+    expired: int = 0
+    deferred: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def resurrected(self) -> int:
+        return self.outcomes.get("resurrected", 0)
+
+
+def _parse_resurrect(reply: list[Any]) -> tuple[int, Any, Any, Any]:
+    code = int(reply[0])
+    if code == 0:
+        return code, reply[1], None, None
+    return code, int(reply[1]), reply[2], int(reply[3])
+
+
+class Resurrector:
+    """One scanner's passes over the expiry index."""
+
+    def __init__(self, app: Any, config: Config, scanner_id: str) -> None:
+        self.app = app
+        self.config = config
+        self.scanner_id = scanner_id
+        self.keys = KeySpace(config.key_prefix)
+
+    @property
+    def client(self) -> redis.Redis:
+        return sync_client(self.config)
+
+    def expired_ids(self) -> list[str]:
+        """Up to ``resurrect_batch`` ids whose deadline passed, by the Redis clock."""
+        seconds, micros = self.client.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        return list(
+            self.client.zrangebyscore(
+                self.keys.expiry, "-inf", now_ms, start=0, num=self.config.resurrect_batch
+            )
+        )
+
+    def recovery_depth(self) -> int:
+        """Messages waiting in the recovery queue (0 when it does not exist yet)."""
+        try:
+            with self.app.connection_for_write() as conn:
+                declared = conn.default_channel.queue_declare(
+                    queue=self.config.recovery_queue, passive=True
+                )
+                return int(declared.message_count)
+        except Exception:  # the broker says "no such queue" in its own way
+            return 0
+
+    def run_pass(self) -> PassReport:
+        started = time.perf_counter()
+        ids = self.expired_ids()
+        if not ids:
+            return PassReport(seconds=time.perf_counter() - started)
+        depth = self.recovery_depth()
+        if depth >= self.config.recovery_max_depth:
+            logger.warning(
+                "resurrection deferred: recovery queue %s holds %s messages (limit %s); "
+                "%s expired tasks wait for the next pass",
+                self.config.recovery_queue,
+                depth,
+                self.config.recovery_max_depth,
+                len(ids),
+            )
+            return PassReport(len(ids), len(ids), {}, time.perf_counter() - started)
+        workers = min(self.config.max_concurrent_sends, len(ids))
+        with ThreadPoolExecutor(workers, thread_name_prefix="relier-resurrect") as pool:
+            outcomes = Counter(pool.map(self.resurrect_one, ids))
+        report = PassReport(len(ids), 0, dict(outcomes), time.perf_counter() - started)
+        logger.info(
+            "resurrector pass scanner=%s expired=%s %s in %.1f ms",
+            self.scanner_id,
+            report.expired,
+            dict(outcomes),
+            report.seconds * 1000,
+        )
+        return report
+
+    def resurrect_one(self, task_id: str) -> str:
+        try:
+            return self._resurrect(task_id)
+        except Exception:
+            # The lease (or the untouched deadline) keeps the task covered: a later
+            # pass retries it. Never silent.
+            logger.exception("resurrection failed task_id=%s; a later pass retries it", task_id)
+            return "error"
+
+    def _resurrect(self, task_id: str) -> str:
+        lease_ms = int(self.config.resurrect_lease_s * 1000)
+        call = scripts.ScriptCall(
+            scripts.RESURRECT, self.keys.for_resurrect(task_id),
+            [task_id, lease_ms, self.scanner_id], _parse_resurrect,
+        )  # fmt: skip
+        code, fence, raw_env, resurrections = call.run(self.client)
+        if code == 0:
+            return "skipped"
+        try:
+            env = decode(raw_env)
+        except EnvelopeError:
+            logger.error("stored envelope unreadable task_id=%s; left for an operator", task_id)
+            return "unreadable"
+        if code == 2:
+            return self._dead_letter(dataclasses.replace(env, fence=fence), resurrections)
+        nxt = dataclasses.replace(env, fence=fence, resurrections=resurrections + 1)
+        encoded = nxt.encode()
+        try:
+            broker.send(self.app, nxt, encoded, queue=self.config.recovery_queue)
+        except Exception:
+            logger.error(
+                "resurrection publish failed task_id=%s fence=%s; retried after the lease",
+                task_id,
+                fence,
+                exc_info=True,
+            )
+            return "send_failed"
+        grace_ms = int(self.config.queued_grace_s * 1000)
+        tail = history_tail("resurrected", fence=fence, scanner=self.scanner_id)
+        recorded = scripts.ScriptCall(
+            scripts.RESURRECTED, self.keys.for_resurrected(task_id),
+            [task_id, fence, encoded, grace_ms, tail], lambda r: bool(int(r)),
+        ).run(self.client)  # fmt: skip
+        logger.warning(
+            "resurrected task_id=%s task=%s fence=%s resurrections=%s%s",
+            task_id,
+            env.task,
+            fence,
+            resurrections + 1,
+            "" if recorded else " (superseded meanwhile)",
+        )
+        return "resurrected"
+
+    def _dead_letter(self, env: Envelope, resurrections: int) -> str:
+        failure = Failure(
+            Reason.RESURRECTION_LIMIT, None,
+            f"its worker died or stalled {resurrections + 1} times "
+            f"(max_resurrections={resurrections})",
+            worker=self.scanner_id,
+        )  # fmt: skip
+        ttl_ms = int(self.config.result_ttl_s * 1000)
+        moved = dlq.dead_letter(self.keys, failure, ttl_ms, env=env).run(self.client)
+        if moved.accepted:
+            logger.error("dead-lettered task_id=%s reason=resurrection_limit", env.id)
+            return "dead_lettered"
+        return "skipped"
+
+
+class Scanner:
+    """Runs resurrector passes while holding the leader lease."""
+
+    def __init__(self, app: Any, config: Config, scanner_id: str) -> None:
+        self.resurrector = Resurrector(app, config, scanner_id)
+        self.config = config
+        self.scanner_id = scanner_id
+        self._stop = threading.Event()
+
+    def is_leader(self) -> bool:
+        """Acquire or extend the lease; True while this scanner holds it."""
+        keys = self.resurrector.keys
+        ttl_ms = int(self.config.leader_lease_s * 1000)
+        return scripts.ScriptCall(
+            scripts.LEADER, keys.for_leader(), [self.scanner_id, ttl_ms], lambda r: bool(int(r))
+        ).run(self.resurrector.client)
+
+    def release(self) -> None:
+        keys = self.resurrector.keys
+        scripts.ScriptCall(
+            scripts.LEADER_RELEASE, keys.for_leader(), [self.scanner_id], lambda r: bool(int(r))
+        ).run(self.resurrector.client)
+
+    def tick(self) -> PassReport | None:
+        """One pass if this scanner leads, else None."""
+        if not self.is_leader():
+            return None
+        return self.resurrector.run_pass()
+
+    def run(self, interval_s: float | None = None, once: bool = False) -> None:
+        """Scan until :meth:`stop` (or once). Errors are logged; the loop goes on."""
+        interval = self.config.scan_interval_s if interval_s is None else interval_s
+        try:
+            while True:
+                try:
+                    self.tick()
+                except Exception:
+                    logger.exception("resurrector pass failed scanner=%s", self.scanner_id)
+                if once or self._stop.wait(interval):
+                    return
+        finally:
+            try:
+                self.release()
+            except Exception:
+                logger.warning("could not release the leader lease", exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def start_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run, name="relier-resurrector", daemon=True)
+        thread.start()
+        return thread

@@ -1,0 +1,171 @@
+"""G1/G2/G3 under real faults: SIGKILLed children and workers, paused (zombie)
+workers, poison tasks, racing resurrectors, a Redis crash. Exact counts throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import pytest
+
+from relier_django import TaskFailed
+from relier_django.core import config, dlq
+from relier_django.core.connection import sync_client
+from relier_django.core.keys import KeySpace
+from testproject.cluster import wait_until
+from testproject.demo import tasks
+
+KEYS = KeySpace("rl")
+FAST = {
+    "RELIER_HEARTBEAT_TTL_S": "1.5",
+    "RELIER_SCAN_INTERVAL_S": "0.3",
+    "RELIER_LEADER_LEASE_S": "2",
+}
+
+
+@pytest.fixture
+def fast_worker(worker_factory):
+    def start(**kwargs):
+        return worker_factory(extra_env={**FAST, **kwargs.pop("extra_env", {})}, **kwargs)
+
+    return start
+
+
+def running_pid(client, task_id: str) -> int:
+    """PID of the pool process running ``task_id`` (from the task's ``worker`` field)."""
+
+    def pid():
+        hash_ = client.hgetall(KEYS.task(task_id))
+        return hash_.get("state") == "running" and int(hash_["worker"].rsplit(":", 1)[1])
+
+    return wait_until(pid, 30, what=f"task {task_id} to run")
+
+
+def executions(client, label: str) -> list[int]:
+    return [int(r.split(":")[0]) for r in client.lrange(f"demo:exec:{label}", 0, -1)]
+
+
+def test_sigkill_of_a_child_mid_task_completes_it_exactly_once_elsewhere(fast_worker, redis_client):
+    worker = fast_worker()
+    client = sync_client(config.current())
+    receipt = tasks.record.push("k-child", 2)
+    worker.kill_child(running_pid(client, receipt.task_id))
+
+    result = receipt.get(timeout=30)
+    assert result["fence"] == 2 and result["runs"] == 1
+    assert executions(client, "k-child") == [2]  # the killed run never got to record
+    assert client.get(KEYS.result(receipt.task_id)) is not None
+    assert client.zcard(KEYS.expiry) == 0
+
+
+def test_sigkill_of_a_whole_worker_brings_its_running_tasks_back(fast_worker, redis_client):
+    doomed = fast_worker(name="doomed")
+    client = sync_client(config.current())
+    receipts = [tasks.record.push(f"k-whole-{i}", 2) for i in range(2)]
+    for r in receipts:
+        running_pid(client, r.task_id)
+    fast_worker(name="survivor")
+    doomed.kill()
+
+    for i, r in enumerate(receipts):
+        assert r.get(timeout=30)["fence"] == 2
+        assert executions(client, f"k-whole-{i}") == [2]
+
+
+def test_a_zombie_cannot_commit_after_it_resumes(fast_worker, redis_client):
+    worker = fast_worker()
+    client = sync_client(config.current())
+    receipt = tasks.sync_record.push("zombie", 1)
+    pid = running_pid(client, receipt.task_id)
+    os.kill(pid, signal.SIGSTOP)  # the child stops; its heartbeats stop with it
+    try:
+        result = receipt.get(timeout=30)  # resurrected and committed by the other child
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert result["fence"] == 2
+
+    line_rejected = f"stale commit rejected task_id={receipt.task_id} fence=1"
+    line_cancelled = f"incarnation cancelled: superseded task_id={receipt.task_id} fence=1"
+    wait_until(
+        lambda: line_rejected in worker.log_text() or line_cancelled in worker.log_text(),
+        15,
+        what="the zombie to be refused",
+    )
+    stored = json.loads(client.get(KEYS.result(receipt.task_id)))
+    assert stored["result"]["fence"] == 2  # the committed result is the new incarnation's
+
+
+def test_a_task_that_kills_its_worker_every_time_lands_in_the_dlq(fast_worker, redis_client):
+    fast_worker()
+    client = sync_client(config.current())
+    receipt = tasks.self_destruct.push("poison")
+    with pytest.raises(TaskFailed) as err:
+        receipt.get(timeout=60)
+    assert err.value.reason == "resurrection_limit"
+    assert executions(client, "poison") == [1, 2, 3]  # first run + max_resurrections=2
+    entry = dlq.get(client, KEYS, receipt.task_id)
+    starts = [h for h in entry.history if h["event"] == "start"]
+    assert [h["fence"] for h in starts] == [1, 2, 3]
+    assert [h["fence"] for h in entry.history if h["event"] == "expired"] == [1, 2, 3]
+    assert entry.data["envelope"]["args"] == ["poison"]
+
+
+def test_two_resurrectors_racing_dispatch_each_expired_task_once(redis_client):
+    from relier_django.core import fencing, idempotency, producer
+    from relier_django.core.resurrector import Resurrector
+
+    client = sync_client(config.current())
+    envs = [producer.prepare(tasks.record.relier_spec, (f"race-{i}",), {}) for i in range(200)]
+    for env in envs:
+        idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client)
+        fencing.start(KEYS, env, "dead-worker:1", 1).run(client)  # expires at once
+    wait_until(lambda: client.time()[1] is not None, 1)
+
+    sent: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    class CountingApp:
+        def send_task(self, name, args, task_id, **kwargs):
+            with lock:
+                sent.append((task_id, json.loads(args[0])["fence"]))
+
+        def connection_for_write(self):
+            raise RuntimeError("no broker in this test")
+
+    cfg = config.current()
+    scanners = [Resurrector(CountingApp(), cfg, f"scanner-{i}") for i in range(2)]
+    barrier = threading.Barrier(2)
+    reports = []
+
+    def scan(r):
+        barrier.wait()
+        reports.append(r.run_pass())
+
+    threads = [threading.Thread(target=scan, args=(r,)) for r in scanners]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(t for t, _ in sent) == sorted(e.id for e in envs)  # each exactly once
+    assert {f for _, f in sent} == {2}
+    assert sum(r.resurrected for r in reports) == 200
+
+
+def test_redis_crash_and_restart_from_aof_mid_run_loses_nothing(
+    fast_worker, redis_server, redis_client
+):
+    fast_worker()
+    receipts = [tasks.record.push(f"aof-{i}", 0.5) for i in range(12)]
+    wait_until(lambda: redis_client.llen("demo:exec:aof-0"), 30, what="the first task")
+    redis_server.restart()  # kill -9, then the same port and dir: reload from AOF
+
+    # Every task commits: the ones whose own Redis calls failed during the outage
+    # were retried (retry_on), the ones whose worker-side calls failed were resurrected.
+    results = [r.get(timeout=90) for r in receipts]
+    assert [r["label"] for r in results] == [f"aof-{i}" for i in range(12)]
+    fresh = redis_server.client(decode_responses=True)
+    assert fresh.zcard(KEYS.dlq) == 0
+    assert fresh.zcard(KEYS.expiry) == 0  # nothing left in flight
+    fresh.close()
