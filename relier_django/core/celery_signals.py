@@ -2,8 +2,11 @@
 
 - ``celeryd_after_setup``: the worker consumes the recovery queue, whatever ``-Q``
   says, so resurrected tasks always find a consumer.
-- ``worker_ready`` / ``worker_shutting_down``: the embedded resurrector (a scanner
-  thread in the worker's main process; passes never block task execution).
+- ``worker_ready``: the embedded resurrector (a scanner thread in the worker's main
+  process; passes never block task execution).
+- ``worker_shutting_down`` (SIGTERM): stop scanning, hand reserved tasks off at once,
+  running ones after the drain timeout (``handoff.lua``), so they restart elsewhere
+  without waiting for a heartbeat TTL.
 - ``task_received``: each prefetched/reserved message is covered by a heartbeat from
   the main process until a pool process starts it (see ``reservations``).
 - ``task_unknown``: an envelope for a task this worker does not know (a rolling
@@ -15,11 +18,15 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from typing import Any
 
 from celery import signals
 
-from . import bridge, config
+from . import bridge, config, fencing
+from .connection import sync_client
+from .keys import KeySpace
 from .reservations import Reservations, fence_of
 from .resurrector import Scanner
 from .runner import Runner
@@ -51,14 +58,57 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     logger.info("embedded resurrector started scanner=%s", _scanner.scanner_id)
 
 
-def _on_worker_shutting_down(**_: Any) -> None:
+def _on_worker_shutting_down(sig: str = "", how: str = "", **_: Any) -> None:
+    """Warm shutdown (SIGTERM): reserved tasks restart elsewhere now; running ones get
+    ``DRAIN_TIMEOUT_S`` to finish in place, then are handed off too."""
     global _scanner, _reservations
     if _scanner is not None:
-        _scanner.stop()
+        _scanner.stop()  # releases the leader lease: another scanner takes over at once
         _scanner = None
+    cfg = config.current()
     if _reservations is not None:
-        _reservations.stop()
+        try:
+            handed = _reservations.handoff()
+            logger.warning("shutdown: handed off %s reserved task(s)", handed)
+        except Exception:
+            logger.error(
+                "shutdown: reserved-task hand-off failed; they expire in one TTL", exc_info=True
+            )
         _reservations = None
+    threading.Thread(
+        target=_drain_then_handoff, args=(cfg,), name="relier-drain", daemon=True
+    ).start()
+
+
+def _active_envelopes() -> list[tuple[str, int]]:
+    from celery.worker import state
+
+    held = []
+    for request in list(state.active_requests):
+        args = getattr(request, "args", None)
+        fence = fence_of(args[0]) if isinstance(args, list | tuple) and len(args) == 1 else None
+        if fence is not None:
+            held.append((request.id, fence))
+    return held
+
+
+def _drain_then_handoff(cfg: config.Config) -> None:
+    time.sleep(cfg.drain_timeout_s)
+    held = _active_envelopes()
+    if not held:
+        return
+    try:
+        keys = KeySpace(cfg.key_prefix)
+        handed = fencing.handoff(keys, held, state="running").run(sync_client(cfg))
+        logger.warning(
+            "shutdown: drain timeout (%ss) passed; handed off %s running task(s) to resurrection",
+            cfg.drain_timeout_s,
+            handed,
+        )
+    except Exception:
+        logger.error(
+            "shutdown: running-task hand-off failed; they expire in one TTL", exc_info=True
+        )
 
 
 def _tracked_request_ids() -> set[str]:

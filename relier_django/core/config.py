@@ -44,6 +44,9 @@ class Config:
     max_concurrent_sends: int = 16  # broker publishes in flight per pass
     leader_lease_s: float = 10.0  # a crashed scanner leader is replaced within this
     embedded_resurrector: bool = True  # every worker runs a scanner (one leads at a time)
+    # On SIGTERM (warm shutdown), running tasks get this long to finish in place; the
+    # rest are handed off to resurrection at once. Reserved tasks are handed off at once.
+    drain_timeout_s: float = 30.0
     # Socket timeout for Redis calls made by the core.
     redis_socket_timeout_s: float = 5.0
 
@@ -64,6 +67,8 @@ class Config:
         for name in ("scan_interval_s", "resurrect_lease_s", "leader_lease_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
+        if self.drain_timeout_s < 0:
+            raise ConfigError("drain_timeout_s must be >= 0")
         for name in ("max_resurrections", "max_retries", "result_ttl_s", "recovery_max_depth"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")

@@ -66,6 +66,15 @@ def heartbeat(
     return scripts.ScriptCall(scripts.HEARTBEAT, keys.for_heartbeat(ids), args, parse)
 
 
+def handoff(keys: KeySpace, held: Sequence[tuple[str, int]], state: str) -> scripts.ScriptCall[int]:
+    """Give ``(task_id, fence)`` pairs up for immediate resurrection (SIGTERM drain)."""
+    ids = [task_id for task_id, _ in held]
+    args: list[scripts.Arg] = [state]
+    for task_id, fence in held:
+        args += [task_id, fence]
+    return scripts.ScriptCall(scripts.HANDOFF, keys.for_handoff(ids), args, int)
+
+
 @dataclass(frozen=True, slots=True)
 class Transition:
     """The reply of a fence-checked write: accepted, or the fence that refused it."""

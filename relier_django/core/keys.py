@@ -74,6 +74,9 @@ class KeySpace:
     def for_heartbeat(self, task_ids: list[str]) -> list[str]:
         return [self.expiry, *(self.task(t) for t in task_ids)]
 
+    def for_handoff(self, task_ids: list[str]) -> list[str]:
+        return self.for_heartbeat(task_ids)
+
     def for_commit(self, task_id: str, idem_key: str | None) -> list[str]:
         keys = [self.task(task_id), self.history(task_id), self.expiry, self.result(task_id)]
         return [*keys, idem_key] if idem_key else keys

@@ -88,6 +88,16 @@ class Reservations:
         if held:
             self._drop(self._refresh(held))
 
+    def handoff(self) -> int:
+        """Give every reserved task up for immediate resurrection (warm shutdown)."""
+        self.stop()
+        held = self.held()
+        if not held:
+            return 0
+        self._drop(task_id for task_id, _ in held)
+        call = fencing.handoff(self.keys, held, state="queued")
+        return call.run(sync_client(self.config))
+
     def run(self) -> None:
         while not self._stop.wait(self.config.heartbeat_every_s):
             try:

@@ -79,8 +79,9 @@ RESURRECT = _load("resurrect")
 RESURRECTED = _load("resurrected")
 LEADER = _load("leader")
 LEADER_RELEASE = _load("leader_release")
+HANDOFF = _load("handoff")
 
 ALL: tuple[LuaScript, ...] = (
     PUSH, ABORT, START, HEARTBEAT, COMMIT, RETRY, DEAD_LETTER,
-    RESURRECT, RESURRECTED, LEADER, LEADER_RELEASE,
+    RESURRECT, RESURRECTED, LEADER, LEADER_RELEASE, HANDOFF,
 )  # fmt: skip

@@ -169,3 +169,44 @@ def test_redis_crash_and_restart_from_aof_mid_run_loses_nothing(
     assert fresh.zcard(KEYS.dlq) == 0
     assert fresh.zcard(KEYS.expiry) == 0  # nothing left in flight
     fresh.close()
+
+
+def test_sigterm_drains_short_tasks_in_place_and_hands_the_rest_off(worker_factory, redis_client):
+    ttl_s = 20.0  # long on purpose: only a hand-off explains a restart well within it
+    env = {"RELIER_HEARTBEAT_TTL_S": str(ttl_s), "RELIER_SCAN_INTERVAL_S": "0.3",
+           "RELIER_DRAIN_TIMEOUT_S": "4"}  # fmt: skip
+    leaving = worker_factory(name="leaving", concurrency=4, queues=("celery",), extra_env=env)
+    # The survivor consumes only the recovery queue (added by relier, not by -Q).
+    worker_factory(name="survivor", queues=("elsewhere",), extra_env=env)
+    client = sync_client(config.current())
+
+    short = [tasks.record.push(f"short-{i}", 1.5) for i in range(2)]
+    long_ = [tasks.record.push(f"long-{i}", 12) for i in range(2)]
+    for r in short + long_:
+        running_pid(client, r.task_id)
+    reserved = [tasks.record.push(f"reserved-{i}", 0.5) for i in range(3)]
+    wait_until(lambda: leaving.log_text().count("received") >= 7, 10, what="prefetch")
+
+    import time
+
+    leaving.terminate(wait_s=None)  # SIGTERM to the main process only
+    sigterm_at = time.monotonic()
+
+    def restarted(receipt) -> bool:
+        fields = client.hgetall(KEYS.task(receipt.task_id))
+        return fields.get("fence") == "2" and fields.get("state") == "running"
+
+    for r in long_:
+        wait_until(lambda r=r: restarted(r), ttl_s, what="the long task to restart elsewhere")
+    restart_s = time.monotonic() - sigterm_at
+
+    assert [r.get(timeout=30)["fence"] for r in short] == [1, 1]  # finished in place
+    assert [r.get(timeout=30)["fence"] for r in reserved] == [2, 2, 2]  # handed off at once
+    assert [r.get(timeout=60)["fence"] for r in long_] == [2, 2]  # handed off after the drain
+    assert restart_s < ttl_s / 2, f"hand-off took {restart_s:.1f}s"
+    for label in ["short-0", "short-1", "long-0", "long-1"]:
+        assert len(executions(client, label)) == 1  # cancelled runs never recorded
+    leaving.process.wait(30)
+    assert leaving.process.returncode == 0
+    assert "handed off 3 reserved task(s)" in leaving.log_text()
+    assert "handed off 2 running task(s)" in leaving.log_text()

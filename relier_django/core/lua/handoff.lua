@@ -1,0 +1,25 @@
+-- handoff.lua: a stopping worker gives tasks up so they restart elsewhere now, without
+-- waiting for their heartbeat TTL (graceful SIGTERM drain).
+-- Serves G3 (hand-off is immediate) and G2 (a handed-off incarnation can neither
+-- refresh, start nor commit any more: every one of those requires another state).
+--
+-- KEYS[1]      expiry index
+-- KEYS[1+i]    task hash of the i-th task
+-- ARGV[1]      the state the caller holds the tasks in: 'queued' (reserved) or 'running'
+-- ARGV[2i]     task id of the i-th task
+-- ARGV[2i+1]   fence the caller holds for the i-th task
+-- RETURNS      how many tasks were handed off (the others had moved on: started,
+--              finished, superseded)
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local handed = 0
+for i = 2, #KEYS do
+  local id, fence = ARGV[2 * (i - 1)], ARGV[2 * (i - 1) + 1]
+  local fields = redis.call('HMGET', KEYS[i], 'fence', 'state')
+  if fields[1] == fence and fields[2] == ARGV[1] then
+    redis.call('HSET', KEYS[i], 'state', 'handoff')
+    redis.call('ZADD', KEYS[1], now_ms, id)
+    handed = handed + 1
+  end
+end
+return handed
