@@ -110,3 +110,23 @@ def self_destruct(ctx: TaskContext, label: str) -> None:
 
     _record(label, ctx)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _mark_start(label: str, fence: int) -> None:
+    _redis().rpush(f"demo:start:{label}", f"{fence}:{time.time()}")
+
+
+@shared_task(name="demo.plain_work")
+def plain_work(label: str, sleep_s: float) -> None:
+    """Vanilla Celery contender of the delivery benchmark: logs each start and run."""
+    _mark_start(label, 0)
+    time.sleep(sleep_s)
+    _redis().rpush(f"demo:exec:{label}", "0")
+
+
+@rl_task(name="demo.work")
+def work(ctx: TaskContext, label: str, sleep_s: float) -> None:
+    """relier contender of the delivery benchmark: the same work, fenced."""
+    _mark_start(label, ctx.fence_token)
+    time.sleep(sleep_s)
+    _redis().rpush(f"demo:exec:{label}", str(ctx.fence_token))

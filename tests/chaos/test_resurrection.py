@@ -210,3 +210,47 @@ def test_sigterm_drains_short_tasks_in_place_and_hands_the_rest_off(worker_facto
     assert leaving.process.returncode == 0
     assert "handed off 3 reserved task(s)" in leaving.log_text()
     assert "handed off 2 running task(s)" in leaving.log_text()
+
+
+def test_the_brokers_own_redelivery_after_a_resurrection_is_refused_as_stale(
+    worker_factory, redis_client
+):
+    redeliver_fast = {
+        **FAST,
+        "CELERY_VISIBILITY_TIMEOUT": "4",
+        "CELERY_UNACKED_RESTORE_INTERVAL": "0.5",
+        "CELERY_UNACKED_RESTORE_THROTTLE": "1",
+    }
+    doomed = worker_factory(name="doomed", concurrency=1, extra_env=redeliver_fast)
+    client = sync_client(config.current())
+    receipts = [tasks.record.push(f"redeliver-{i}", 1) for i in range(4)]
+    running_pid(client, receipts[0].task_id)
+    wait_until(lambda: doomed.log_text().count("received") >= 4, 10, what="prefetch")
+    survivor = worker_factory(name="survivor", concurrency=2, extra_env=redeliver_fast)
+    doomed.kill()  # 1 running (acked) + 3 reserved (unacked in kombu) die with it
+
+    assert [r.get(timeout=30)["fence"] for r in receipts] == [2, 2, 2, 2]
+    # After the visibility timeout kombu hands the 3 unacked originals (fence 1) to the
+    # survivor; start.lua refuses each one.
+    for r in receipts[1:]:
+        line = f"message refused task_id={r.task_id} fence=1 reason=gone"
+        wait_until(lambda line=line: line in survivor.log_text(), 30, what="the stale redelivery")
+    for i in range(4):
+        assert executions(client, f"redeliver-{i}") == [2]  # each ran exactly once
+
+
+def test_a_scanner_with_a_skewed_clock_resurrects_nothing_early(redis_client, monkeypatch):
+    import time
+
+    from relier_django.core import fencing, idempotency, producer
+    from relier_django.core.resurrector import Resurrector
+
+    client = sync_client(config.current())
+    env = producer.prepare(tasks.record.relier_spec, ("skew",), {})
+    idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client)
+    fencing.start(KEYS, env, "w:1", 10_000).run(client)  # alive for 10 s more
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 3600)  # an hour fast
+    report = Resurrector(None, config.current(), "skewed").run_pass()
+    assert report.expired == 0 and report.resurrected == 0
+    assert client.hget(KEYS.task(env.id), "fence") == "1"
