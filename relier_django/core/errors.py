@@ -39,6 +39,16 @@ class TaskFailed(RelierError):
         self.error = error
 
 
+class EntryNotReleasable(RelierError):
+    """A DLQ entry cannot be released: unknown id, already released, no envelope
+    (a malformed message), or its task id is live again. ``reason`` says which."""
+
+    def __init__(self, entry_id: str, reason: str) -> None:
+        super().__init__(f"DLQ entry {entry_id}: {reason}")
+        self.entry_id = entry_id
+        self.reason = reason
+
+
 class DuplicateTaskId(RelierError):
     """``push(task_id=...)`` reused the id of a task that still exists."""
 

@@ -80,8 +80,12 @@ RESURRECTED = _load("resurrected")
 LEADER = _load("leader")
 LEADER_RELEASE = _load("leader_release")
 HANDOFF = _load("handoff")
+RELEASE = _load("release")
+RELEASE_DONE = _load("release_done")
+RELEASE_ABORT = _load("release_abort")
 
 ALL: tuple[LuaScript, ...] = (
     PUSH, ABORT, START, HEARTBEAT, COMMIT, RETRY, DEAD_LETTER,
     RESURRECT, RESURRECTED, LEADER, LEADER_RELEASE, HANDOFF,
+    RELEASE, RELEASE_DONE, RELEASE_ABORT,
 )  # fmt: skip

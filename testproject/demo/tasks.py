@@ -130,3 +130,15 @@ def work(ctx: TaskContext, label: str, sleep_s: float) -> None:
     _mark_start(label, ctx.fence_token)
     time.sleep(sleep_s)
     _redis().rpush(f"demo:exec:{label}", str(ctx.fence_token))
+
+
+@rl_task(name="demo.fragile", max_resurrections=1)
+def fragile(ctx: TaskContext, label: str, deaths: int) -> dict:
+    """Kills the process running it on its first ``deaths`` runs, then succeeds."""
+    import os
+    import signal
+
+    runs = _record(label, ctx)
+    if runs <= deaths:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"runs": runs, "fence": ctx.fence_token, "attempt": ctx.attempt}

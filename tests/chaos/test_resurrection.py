@@ -231,9 +231,10 @@ def test_the_brokers_own_redelivery_after_a_resurrection_is_refused_as_stale(
 
     assert [r.get(timeout=30)["fence"] for r in receipts] == [2, 2, 2, 2]
     # After the visibility timeout kombu hands the 3 unacked originals (fence 1) to the
-    # survivor; start.lua refuses each one.
+    # survivor; start.lua refuses each one: 'stale' while fence 2 is still unfinished,
+    # 'gone' once it committed.
     for r in receipts[1:]:
-        line = f"message refused task_id={r.task_id} fence=1 reason=gone"
+        line = f"message refused task_id={r.task_id} fence=1 reason="
         wait_until(lambda line=line: line in survivor.log_text(), 30, what="the stale redelivery")
     for i in range(4):
         assert executions(client, f"redeliver-{i}") == [2]  # each ran exactly once
@@ -254,3 +255,77 @@ def test_a_scanner_with_a_skewed_clock_resurrects_nothing_early(redis_client, mo
     report = Resurrector(None, config.current(), "skewed").run_pass()
     assert report.expired == 0 and report.resurrected == 0
     assert client.hget(KEYS.task(env.id), "fence") == "1"
+
+
+def test_a_resurrection_limited_task_released_from_the_dlq_runs_with_a_fresh_fence(
+    fast_worker, redis_client
+):
+    from relier_django.core.release import release
+    from testproject.celery import app
+
+    fast_worker()
+    client = sync_client(config.current())
+    receipt = tasks.fragile.push("fragile", 2)  # dies twice; max_resurrections=1
+    with pytest.raises(TaskFailed) as err:
+        receipt.get(timeout=60)
+    assert err.value.reason == "resurrection_limit"
+
+    released = release(app, config.current(), receipt.task_id)
+    assert released.task_id == receipt.task_id
+    result = released.get(timeout=60)
+    assert result == {"runs": 3, "fence": 3, "attempt": 1}  # fence above every earlier one
+    assert executions(client, "fragile") == [1, 2, 3]
+    assert client.zcard(KEYS.dlq) == 0 and not client.exists(KEYS.dlq_entry(receipt.task_id))
+
+
+def test_a_release_runs_once_even_when_two_operators_race(worker, redis_client):
+    from relier_django.core.errors import EntryNotReleasable
+    from relier_django.core.release import release
+    from testproject.celery import app
+
+    receipt = tasks.explode.push("race-release")
+    with pytest.raises(TaskFailed):
+        receipt.get(timeout=30)
+    outcomes = []
+    barrier = threading.Barrier(8)
+
+    def operator():
+        barrier.wait()
+        try:
+            outcomes.append(release(app, config.current(), receipt.task_id).task_id)
+        except EntryNotReleasable:
+            outcomes.append(None)
+
+    threads = [threading.Thread(target=operator) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert outcomes.count(receipt.task_id) == 1 and outcomes.count(None) == 7
+    with pytest.raises(TaskFailed):  # it raises again, and is back in the DLQ
+        receipt.get(timeout=30)
+    client = sync_client(config.current())
+    assert client.llen("demo:exec:race-release") == 2  # pushed once, released once
+
+
+def test_a_release_whose_dispatch_fails_leaves_the_entry_in_the_dlq(worker, redis_client):
+    from relier_django.core.release import release
+
+    receipt = tasks.explode.push("release-fails")
+    with pytest.raises(TaskFailed):
+        receipt.get(timeout=30)
+    client = sync_client(config.current())
+    before = dlq.get(client, KEYS, receipt.task_id)
+
+    class BrokerDown:
+        tasks: dict = {}
+
+        def send_task(self, *args, **kwargs):
+            raise ConnectionError("broker unreachable")
+
+    with pytest.raises(ConnectionError):
+        release(BrokerDown(), config.current(), receipt.task_id)
+    after = dlq.get(client, KEYS, receipt.task_id)
+    assert after is not None and after.data == before.data and after.at_ms == before.at_ms
+    assert client.zscore(KEYS.dlq, receipt.task_id) is not None
+    assert not client.exists(KEYS.task(receipt.task_id))  # the re-created task is gone again

@@ -1,0 +1,213 @@
+"""Delivery under kills: vanilla Celery, Celery with acks_late + reject_on_worker_lost,
+and relier_django, in the same run, on the same machine, with the same work.
+
+Each contender gets a fresh private Redis, 2 workers x 2 prefork processes (4 in all),
+the same tasks (0.5 s of work each), the same kill schedule (alternating SIGKILL of
+one busy pool process and SIGKILL of a whole worker) and a supervisor that restarts
+a killed worker at once. Every contender runs with the same, short, broker visibility
+timeout (so acks_late gets its redeliveries within the run) and the run goes on past
+it before duplicates are counted. relier_django runs with its default heartbeat TTL
+(10 s) and scan interval (2 s).
+
+Counted from Redis, per task: starts (with times) and completed runs; for relier
+also commits (from the workers' logs). Recovery latency: from a kill to the next
+start of a task that the kill interrupted or held.
+
+    python -m bench.delivery [--tasks 500 --kills 5] [--big]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import re
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench.common import percentile, private_redis, setup_django, write_result
+
+VISIBILITY_TIMEOUT_S = 20
+WORK_S = 0.5
+RELIER_TTL_S = 10.0
+RELIER_SCAN_S = 2.0
+CONTENDERS = {
+    "vanilla": ("demo.plain_work", {}),
+    "acks_late": (
+        "demo.plain_work",
+        {"CELERY_TASK_ACKS_LATE": "true", "CELERY_TASK_REJECT_ON_WORKER_LOST": "true"},
+    ),
+    "relier": ("demo.work", {}),
+}
+COMMON_ENV = {
+    "CELERY_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT_S),
+    "CELERY_UNACKED_RESTORE_INTERVAL": "1",
+    "CELERY_UNACKED_RESTORE_THROTTLE": "1",
+    "RELIER_HEARTBEAT_TTL_S": str(RELIER_TTL_S),
+    "RELIER_SCAN_INTERVAL_S": str(RELIER_SCAN_S),
+}
+
+
+def push_all(contender: str, task: str, labels: list[str]) -> None:
+    from testproject.celery import app
+    from testproject.demo.tasks import work
+
+    for label in labels:
+        if contender == "relier":
+            work.push(label, WORK_S)
+        else:
+            app.send_task(task, args=[label, WORK_S])
+
+
+def snapshot(client, labels: list[str]) -> tuple[list[int], list[list[float]]]:
+    pipe = client.pipeline()
+    for label in labels:
+        pipe.llen(f"demo:exec:{label}")
+        pipe.lrange(f"demo:start:{label}", 0, -1)
+    replies = pipe.execute()
+    runs = replies[0::2]
+    starts = [[float(s.split(":")[1]) for s in entry] for entry in replies[1::2]]
+    return runs, starts
+
+
+def run_contender(contender: str, n: int, kills: int, seed: int, log_dir: Path) -> dict:
+    from testproject.cluster import CeleryWorker
+
+    task, extra = CONTENDERS[contender]
+    rng = random.Random(seed)
+    labels = [f"{contender}-{i}" for i in range(n)]
+    with private_redis() as server:
+        setup_django(server.url)
+        _point_at(server.url)
+        client = server.client(decode_responses=True)
+        env = {**COMMON_ENV, **extra}
+        workers = [
+            CeleryWorker(server.url, log_dir, name=f"{contender}-w{i}", extra_env=env).start()
+            for i in range(2)
+        ]
+        t0 = time.time()
+        push_all(contender, task, labels)
+        expected_s = n * WORK_S / 4
+        kill_times: list[float] = []
+        for k in range(kills):
+            time.sleep(expected_s / (kills + 1))
+            victim = workers[rng.randrange(2)]
+            if k % 2 == 0 and victim.children():
+                victim.kill_child(rng.choice(victim.children()).pid)
+            else:
+                victim.kill()
+                victim.start()  # the supervisor
+            kill_times.append(time.time())
+        # Quiet = every task ran, or nothing new for longer than any recovery path.
+        settle_s = VISIBILITY_TIMEOUT_S + RELIER_TTL_S + 15
+        last, quiet_since = -1, time.monotonic()
+        while True:
+            done = sum(1 for r in snapshot(client, labels)[0] if r)
+            if done != last:
+                last, quiet_since = done, time.monotonic()
+            if time.monotonic() - quiet_since > settle_s:
+                break
+            if done == n:
+                time.sleep(VISIBILITY_TIMEOUT_S + 5)  # past the visibility timeout
+                break
+            time.sleep(0.5)
+        runs, starts = snapshot(client, labels)
+        elapsed = time.time() - t0
+        for worker in workers:
+            worker.stop()
+        logs = "".join(w.log_path.read_text(errors="replace") for w in workers)
+    commits = Counter(re.findall(r"committed task_id=(\w+)", logs))
+    latencies = recovery_latencies(starts, kill_times)
+    delivered = sum(1 for r in runs if r)
+    return {
+        "tasks": n,
+        "kills": kills,
+        "delivered": delivered,
+        "delivered_pct": round(100 * delivered / n, 2),
+        "lost": n - delivered,
+        "executed_twice": sum(1 for r in runs if r > 1),
+        "committed_twice": (
+            sum(1 for c in commits.values() if c > 1)
+            if contender == "relier"
+            else sum(1 for r in runs if r > 1)
+        ),
+        "recovery_p50_s": round(percentile(latencies, 50), 2) if latencies else None,
+        "recovery_p99_s": round(percentile(latencies, 99), 2) if latencies else None,
+        "recoveries": len(latencies),
+        "elapsed_s": round(elapsed, 1),
+    }
+
+
+def recovery_latencies(starts: list[list[float]], kill_times: list[float]) -> list[float]:
+    """For each restart of a task, the time since the last kill before it, if that kill
+    came after the task's previous start (so the kill is what interrupted it)."""
+    out = []
+    for task_starts in starts:
+        ordered = sorted(task_starts)
+        for previous, restart in itertools.pairwise(ordered):
+            kills = [k for k in kill_times if previous <= k <= restart]
+            if kills:
+                out.append(restart - kills[-1])
+    return out
+
+
+def _point_at(url: str) -> None:
+    from testproject.celery import app
+
+    app.conf.broker_url = url
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    app.amqp._producer_pool = None
+    from relier_django import conf
+
+    conf.get_config.cache_clear()
+
+
+def main() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tasks", type=int, default=500)
+    parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--big", action="store_true", help="also 2,000 tasks with 10 kills")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    rounds = [(args.tasks, args.kills)] + ([(2000, 10)] if args.big else [])
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="relier-delivery-") as tmp:
+        for n, kills in rounds:
+            for contender in CONTENDERS:
+                key = f"{contender}/{n}x{kills}"
+                print(f"running {key} …", flush=True)
+                results[key] = run_contender(contender, n, kills, args.seed, Path(tmp))
+    target_p99 = RELIER_TTL_S + RELIER_SCAN_S + 1
+    out = {
+        "benchmark": "delivery",
+        "work_s": WORK_S,
+        "visibility_timeout_s": VISIBILITY_TIMEOUT_S,
+        "relier_ttl_s": RELIER_TTL_S,
+        "relier_scan_s": RELIER_SCAN_S,
+        "target_recovery_p99_s": target_p99,
+        "results": results,
+    }
+    path = write_result("delivery", out)
+    print(
+        f"\ndelivery under kills (0.5 s tasks, 4 processes, visibility timeout "
+        f"{VISIBILITY_TIMEOUT_S} s, relier TTL {RELIER_TTL_S:g} s / scan {RELIER_SCAN_S:g} s)"
+    )
+    head = ("run", "delivered %", "lost", "exec 2x", "commit 2x", "rec p50 s", "rec p99 s")
+    print("  " + "  ".join(f"{h:>12}" for h in head))
+    for key, r in results.items():
+        row = (key, r["delivered_pct"], r["lost"], r["executed_twice"], r["committed_twice"],
+               r["recovery_p50_s"], r["recovery_p99_s"])  # fmt: skip
+        print("  " + "  ".join(f"{v!s:>12}" for v in row))
+    print(
+        f"  target for relier: 100.0 % delivered, 0 committed twice, "
+        f"recovery p99 <= {target_p99:g} s; written to {path}"
+    )
+    return out
+
+
+if __name__ == "__main__":
+    main()

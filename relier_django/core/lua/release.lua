@@ -1,0 +1,43 @@
+-- release.lua: take a DLQ entry out and re-create its task as a fresh incarnation.
+-- Serves G5 (a release dispatches exactly once: of two concurrent releases, one finds
+-- the entry gone) and G2 (the new incarnation's fence is above every earlier one).
+-- The entry hash stays, marked 'releasing', until release_done.lua (broker accepted)
+-- or release_abort.lua (broker refused: the entry goes back, the task is removed).
+--
+-- KEYS[1]  DLQ index   KEYS[2]  DLQ entry hash   KEYS[3]  task hash   KEYS[4]  history list
+-- KEYS[5]  expiry index   KEYS[6]  result key
+-- KEYS[7]  idempotency key (only for idempotent tasks)
+-- ARGV[1]  entry id   ARGV[2]  task id
+-- ARGV[3]  the new envelope, canonical JSON (fence = last fence + 1, attempt 1,
+--          resurrections 0)
+-- ARGV[4]  its fence   ARGV[5]  task name   ARGV[6]  queue   ARGV[7]  max resurrections
+-- ARGV[8]  queued grace, ms
+-- ARGV[9]  history event: JSON object without its opening brace (see start.lua)
+-- RETURNS  1 re-created: publish the envelope now
+--          0 no such entry in the DLQ (already released, deleted, or never there)
+--          -1 a live task with this id exists (it was pushed again meanwhile)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false then
+  return 0
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return -1
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local history = cjson.decode(redis.call('HGET', KEYS[2], 'history') or '[]')
+for _, event in ipairs(history) do
+  redis.call('RPUSH', KEYS[4], cjson.encode(event))
+end
+redis.call('RPUSH', KEYS[4], '{"at_ms":' .. now_ms .. ',' .. ARGV[9])
+local idem = ''
+if KEYS[7] and redis.call('SET', KEYS[7], ARGV[2], 'NX') then
+  idem = KEYS[7]
+end
+redis.call('HSET', KEYS[3],
+  'env', ARGV[3], 'fence', ARGV[4], 'state', 'queued', 'attempt', 1, 'res', 0,
+  'name', ARGV[5], 'queue', ARGV[6], 'idem', idem, 'created_ms', now_ms, 'maxres', ARGV[7])
+redis.call('ZADD', KEYS[5], now_ms + tonumber(ARGV[8]), ARGV[2])
+redis.call('DEL', KEYS[6])
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], 'releasing', ARGV[4])
+return 1

@@ -1,0 +1,90 @@
+"""Releasing a DLQ entry: its task runs again as a fresh incarnation, exactly once.
+
+``release.lua`` takes the entry out of the DLQ index and re-creates the task (next
+fence, attempt and resurrection counters reset, history kept) in one step, so of two
+concurrent releases only one proceeds. The envelope is then published; if the broker
+refuses it, ``release_abort.lua`` puts the entry back and removes the task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any
+
+from . import broker, dlq, scripts
+from .config import Config
+from .connection import sync_client
+from .envelope import Envelope, decode
+from .errors import EntryNotReleasable, EnvelopeError
+from .fencing import history_tail
+from .keys import KeySpace
+from .receipt import Receipt
+
+logger = logging.getLogger("relier_django.release")
+
+
+def _max_resurrections(app: Any, task_name: str, config: Config) -> int:
+    task = getattr(app, "tasks", {}).get(task_name)
+    spec = getattr(task, "relier_spec", None)
+    if spec is not None and spec.max_resurrections is not None:
+        return int(spec.max_resurrections)
+    return config.max_resurrections
+
+
+def _envelope(entry_id: str, entry: dlq.Entry) -> Envelope:
+    stored = entry.data.get("envelope")
+    if stored is None:
+        raise EntryNotReleasable(entry_id, "it holds no envelope (a malformed message); inspect it")
+    try:
+        return decode(json.dumps(stored))
+    except EnvelopeError as exc:
+        raise EntryNotReleasable(entry_id, f"its envelope does not verify: {exc}") from exc
+
+
+def release(app: Any, config: Config, entry_id: str) -> Receipt:
+    """Dispatch a DLQ entry's task again; returns the receipt of the new incarnation.
+
+    Raises:
+        EntryNotReleasable: unknown or already released entry, no envelope, or the task
+            id is live again.
+        Any broker error: the entry is back in the DLQ, unchanged.
+    """
+    keys = KeySpace(config.key_prefix)
+    client = sync_client(config)
+    entry = dlq.get(client, keys, entry_id)
+    if entry is None or entry.data.get("releasing"):
+        raise EntryNotReleasable(entry_id, "no such entry in the dead-letter queue")
+    env = _envelope(entry_id, entry)
+    fresh = dataclasses.replace(env, fence=env.fence + 1, attempt=1, resurrections=0)
+    encoded = fresh.encode()
+    idem = keys.idempotency(env.task, env.idem_key) if env.idem_key else None
+    grace_ms = int(config.queued_grace_s * 1000)
+    tail = history_tail("released", fence=fresh.fence, entry=entry_id, reason=entry.reason)
+    code = scripts.ScriptCall(
+        scripts.RELEASE,
+        keys.for_release(entry_id, env.id, idem),
+        [entry_id, env.id, encoded, fresh.fence, env.task, env.queue,
+         _max_resurrections(app, env.task, config), grace_ms, tail],
+        int,
+    ).run(client)  # fmt: skip
+    if code == 0:
+        raise EntryNotReleasable(entry_id, "no such entry in the dead-letter queue")
+    if code == -1:
+        raise EntryNotReleasable(entry_id, f"task {env.id} is live again; it was not re-created")
+    try:
+        broker.send(app, fresh, encoded)
+    except BaseException:
+        scripts.ScriptCall(
+            scripts.RELEASE_ABORT,
+            keys.for_release_abort(entry_id, env.id, idem),
+            [entry_id, env.id, fresh.fence],
+            int,
+        ).run(client)
+        raise
+    scripts.ScriptCall(
+        scripts.RELEASE_DONE, keys.for_release_done(entry_id), [fresh.fence], int
+    ).run(client)
+    logger.warning("released DLQ entry %s task_id=%s fence=%s", entry_id, env.id, fresh.fence)
+    return Receipt(env.id, deduplicated=False, config=config)
