@@ -1,16 +1,22 @@
-"""python -m bench: every benchmark that exists, in one run (results in bench/results/)."""
+"""python -m bench [name ...]: every benchmark that exists (or the named ones), in one
+run, each printing its table and writing JSON to bench/results/."""
 
 import sys
 
-from bench import push_overhead
+from bench import delivery, push_overhead
 
-BENCHMARKS = {"push_overhead": push_overhead.main}
+# name -> (entry point, its command-line arguments)
+BENCHMARKS = {
+    "push_overhead": (push_overhead.main, []),
+    "delivery": (delivery.main, ["--big"]),  # 500 tasks x 5 kills, then 2,000 x 10
+}
 
 if __name__ == "__main__":
     chosen = sys.argv[1:] or list(BENCHMARKS)
     unknown = [name for name in chosen if name not in BENCHMARKS]
     if unknown:
         sys.exit(f"unknown benchmark(s) {unknown}; known: {sorted(BENCHMARKS)}")
-    sys.argv = sys.argv[:1]
     for name in chosen:
-        BENCHMARKS[name]()
+        entry, argv = BENCHMARKS[name]
+        sys.argv = [f"bench.{name}", *argv]
+        entry()

@@ -60,18 +60,22 @@ def test_sigkill_of_a_child_mid_task_completes_it_exactly_once_elsewhere(fast_wo
     assert client.zcard(KEYS.expiry) == 0
 
 
-def test_sigkill_of_a_whole_worker_brings_its_running_tasks_back(fast_worker, redis_client):
+def test_sigkill_of_a_whole_worker_holding_a_prefetched_backlog_runs_every_task_once(
+    fast_worker, redis_client
+):
     doomed = fast_worker(name="doomed")
     client = sync_client(config.current())
-    receipts = [tasks.record.push(f"k-whole-{i}", 2) for i in range(2)]
-    for r in receipts:
+    receipts = [tasks.record.push(f"k-whole-{i}", 2) for i in range(8)]
+    for r in receipts[:2]:
         running_pid(client, r.task_id)
+    # 2 running, 6 prefetched (received, unacknowledged) when the whole worker dies.
+    wait_until(lambda: doomed.log_text().count("received") == 8, 10, what="the prefetch")
     fast_worker(name="survivor")
     doomed.kill()
 
     for i, r in enumerate(receipts):
-        assert r.get(timeout=30)["fence"] == 2
-        assert executions(client, f"k-whole-{i}") == [2]
+        assert r.get(timeout=60)["fence"] == 2
+        assert executions(client, f"k-whole-{i}") == [2]  # exactly once, by the survivor
 
 
 def test_a_zombie_cannot_commit_after_it_resumes(fast_worker, redis_client):
@@ -329,3 +333,25 @@ def test_a_release_whose_dispatch_fails_leaves_the_entry_in_the_dlq(worker, redi
     assert after is not None and after.data == before.data and after.at_ms == before.at_ms
     assert client.zscore(KEYS.dlq, receipt.task_id) is not None
     assert not client.exists(KEYS.task(receipt.task_id))  # the re-created task is gone again
+
+
+def test_a_deep_recovery_queue_defers_resurrection_and_leaves_tasks_covered(redis_client, caplog):
+    from relier_django.core import fencing, idempotency, producer
+    from relier_django.core.resurrector import Resurrector
+    from testproject.celery import app
+
+    cfg = config.current().replace(recovery_max_depth=1)
+    client = sync_client(cfg)
+    env = producer.prepare(tasks.record.relier_spec, ("deep",), {})
+    idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client)
+    fencing.start(KEYS, env, "dead:1", 1).run(client)
+    app.send_task("demo.noop", args=["not consumed"], queue=cfg.recovery_queue)  # depth 1
+
+    report = Resurrector(app, cfg, "braked").run_pass()
+    assert report.expired == 1 and report.deferred == 1 and report.resurrected == 0
+    assert client.hget(KEYS.task(env.id), "fence") == "1"  # untouched
+    assert client.zscore(KEYS.expiry, env.id) is not None  # still covered
+    assert "resurrection deferred: recovery queue" in caplog.text
+
+    report = Resurrector(app, cfg.replace(recovery_max_depth=10), "released").run_pass()
+    assert report.resurrected == 1
