@@ -77,7 +77,11 @@ def per_push_commands(client, fn, n: int) -> dict[str, float]:
 def per_task_commands(server, client, push, n: int) -> dict[str, float]:
     """Commands per executed task, worker included (its idle polling is counted too,
     and the drain check's LLEN/ZCARD; both are a few per run, not per task)."""
+    from relier_django.core import config
+    from relier_django.core.keys import KeySpace
     from testproject.cluster import CeleryWorker
+
+    expiry = KeySpace(config.current().key_prefix).expiry
 
     client.flushall()
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,9 +94,7 @@ def per_task_commands(server, client, push, n: int) -> dict[str, float]:
             # expiry index empties at commit), without polling through receipts, whose
             # GETs would be counted as the task's cost.
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and (
-                client.llen("celery") or client.zcard("rl:expiry")
-            ):
+            while time.monotonic() < deadline and (client.llen("celery") or client.zcard(expiry)):
                 time.sleep(0.05)
             time.sleep(0.5)
             counts = diff_counts(command_counts(client), before)

@@ -60,6 +60,14 @@ class KeySpace:
         """A SCAN pattern matching every key of this key space."""
         return f"{self.prefix}:*"
 
+    def expiring_patterns(self) -> tuple[str, ...]:
+        """Patterns of the keys that live on after a task finished, each with a TTL."""
+        return (self.result("*"), f"{self.prefix}:i:*")
+
+    def owned_patterns(self) -> tuple[str, ...]:
+        """Patterns of the keys an operator or a scanner owns (no TTL by design)."""
+        return (self.dlq, self.dlq_entry("*"), self.leader)
+
     # -- KEYS for each script, in the order of its header -------------------------
     def for_push(self, task_id: str, idem_key: str | None) -> list[str]:
         keys = [self.task(task_id), self.history(task_id), self.expiry]

@@ -16,6 +16,7 @@ from relier_django.core.connection import sync_client
 from relier_django.core.keys import KeySpace
 from testproject.cluster import wait_until
 from testproject.demo import tasks
+from tests.leaks import assert_no_leaked_keys
 
 KEYS = KeySpace("rl")
 FAST = {
@@ -76,6 +77,7 @@ def test_sigkill_of_a_whole_worker_holding_a_prefetched_backlog_runs_every_task_
     for i, r in enumerate(receipts):
         assert r.get(timeout=60)["fence"] == 2
         assert executions(client, f"k-whole-{i}") == [2]  # exactly once, by the survivor
+    assert_no_leaked_keys(client)
 
 
 def test_a_zombie_cannot_commit_after_it_resumes(fast_worker, redis_client):
@@ -109,6 +111,7 @@ def test_a_task_that_kills_its_worker_every_time_lands_in_the_dlq(fast_worker, r
         receipt.get(timeout=60)
     assert err.value.reason == "resurrection_limit"
     assert executions(client, "poison") == [1, 2, 3]  # first run + max_resurrections=2
+    assert_no_leaked_keys(client)
     entry = dlq.get(client, KEYS, receipt.task_id)
     starts = [h for h in entry.history if h["event"] == "start"]
     assert [h["fence"] for h in starts] == [1, 2, 3]
@@ -212,6 +215,7 @@ def test_sigterm_drains_short_tasks_in_place_and_hands_the_rest_off(worker_facto
         assert len(executions(client, label)) == 1  # cancelled runs never recorded
     leaving.process.wait(30)
     assert leaving.process.returncode == 0
+    assert_no_leaked_keys(client)
     assert "handed off 3 reserved task(s)" in leaving.log_text()
     assert "handed off 2 running task(s)" in leaving.log_text()
 

@@ -13,6 +13,7 @@ from relier_django.core import config, dlq
 from relier_django.core.connection import sync_client
 from relier_django.core.keys import KeySpace
 from testproject.demo import tasks
+from tests.leaks import assert_no_leaked_keys
 
 KEYS = KeySpace("rl")
 
@@ -60,6 +61,7 @@ def test_retry_on_runs_new_incarnations_with_growing_fences(worker, redis_client
     result = tasks.flaky.push("f1", 2).get(timeout=30)
     assert result == {"runs": 3, "attempt": 3, "fence": 3}
     assert [r.split(":")[0] for r in runs(redis_client, "f1")] == ["1", "2", "3"]
+    assert_no_leaked_keys(redis_client)
 
 
 def test_retries_exhausted_lands_in_the_dlq_with_history(worker, redis_client):
@@ -89,6 +91,7 @@ def test_an_exception_goes_to_the_dlq_and_frees_the_idempotency_key(worker, redi
     with pytest.raises(TaskFailed):
         second.get(timeout=30)
     assert len(runs(redis_client, "e1")) == 2
+    assert_no_leaked_keys(redis_client)
 
 
 def test_a_result_that_is_not_json_lands_in_the_dlq(worker, redis_client):
