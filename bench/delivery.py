@@ -72,7 +72,9 @@ def snapshot(client, labels: list[str]) -> tuple[list[int], list[list[float]]]:
     return runs, starts
 
 
-def run_contender(contender: str, n: int, kills: int, seed: int, log_dir: Path) -> dict:
+def run_contender(
+    contender: str, n: int, kills: int, seed: int, log_dir: Path, prefetch: int
+) -> dict:
     from testproject.cluster import CeleryWorker
 
     task, extra = CONTENDERS[contender]
@@ -82,7 +84,7 @@ def run_contender(contender: str, n: int, kills: int, seed: int, log_dir: Path) 
         setup_django(server.url)
         _point_at(server.url)
         client = server.client(decode_responses=True)
-        env = {**COMMON_ENV, **extra}
+        env = {**COMMON_ENV, "CELERY_WORKER_PREFETCH_MULTIPLIER": str(prefetch), **extra}
         workers = [
             CeleryWorker(server.url, log_dir, name=f"{contender}-w{i}", extra_env=env).start()
             for i in range(2)
@@ -172,15 +174,22 @@ def main() -> dict:
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--big", action="store_true", help="also 2,000 tasks with 10 kills")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--prefetch-multiplier", type=int, default=4,
+        help="Celery's worker_prefetch_multiplier, the same for every contender (default 4)",
+    )  # fmt: skip
+    parser.add_argument("--only", nargs="*", choices=list(CONTENDERS), help="run only these")
     args = parser.parse_args()
     rounds = [(args.tasks, args.kills)] + ([(2000, 10)] if args.big else [])
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="relier-delivery-") as tmp:
         for n, kills in rounds:
-            for contender in CONTENDERS:
+            for contender in args.only or CONTENDERS:
                 key = f"{contender}/{n}x{kills}"
                 print(f"running {key} …", flush=True)
-                results[key] = run_contender(contender, n, kills, args.seed, Path(tmp))
+                results[key] = run_contender(
+                    contender, n, kills, args.seed, Path(tmp), args.prefetch_multiplier
+                )
     target_p99 = RELIER_TTL_S + RELIER_SCAN_S + 1
     out = {
         "benchmark": "delivery",
@@ -188,10 +197,19 @@ def main() -> dict:
         "visibility_timeout_s": VISIBILITY_TIMEOUT_S,
         "relier_ttl_s": RELIER_TTL_S,
         "relier_scan_s": RELIER_SCAN_S,
+        "prefetch_multiplier": args.prefetch_multiplier,
         "target_recovery_p99_s": target_p99,
         "results": results,
     }
-    path = write_result("delivery", out)
+    suffix = (
+        ""
+        if args.prefetch_multiplier == 4 and not args.only
+        else (
+            f"-prefetch{args.prefetch_multiplier}"
+            + (f"-{'-'.join(args.only)}" if args.only else "")
+        )
+    )
+    path = write_result(f"delivery{suffix}", out)
     print(
         f"\ndelivery under kills (0.5 s tasks, 4 processes, visibility timeout "
         f"{VISIBILITY_TIMEOUT_S} s, relier TTL {RELIER_TTL_S:g} s / scan {RELIER_SCAN_S:g} s)"
