@@ -101,28 +101,25 @@ class KeySpace:
     def for_leader(self) -> list[str]:
         return [self.leader]
 
-    def for_release(self, entry_id: str, task_id: str, idem_key: str | None) -> list[str]:
-        keys = [
+    def _released(self, entry_id: str, task_id: str) -> list[str]:
+        # The keys both halves of a release touch, in their headers' order.
+        return [
             self.dlq,
             self.dlq_entry(entry_id),
             self.task(task_id),
             self.history(task_id),
             self.expiry,
-            self.result(task_id),
         ]
+
+    def for_release(self, entry_id: str, task_id: str, idem_key: str | None) -> list[str]:
+        keys = [*self._released(entry_id, task_id), self.result(task_id)]
         return [*keys, idem_key] if idem_key else keys
 
     def for_release_done(self, entry_id: str) -> list[str]:
         return [self.dlq_entry(entry_id)]
 
     def for_release_abort(self, entry_id: str, task_id: str, idem_key: str | None) -> list[str]:
-        keys = [
-            self.dlq,
-            self.dlq_entry(entry_id),
-            self.task(task_id),
-            self.history(task_id),
-            self.expiry,
-        ]
+        keys = self._released(entry_id, task_id)
         return [*keys, idem_key] if idem_key else keys
 
     def for_dead_letter(self, task_id: str, entry_id: str, idem_key: str | None) -> list[str]:
