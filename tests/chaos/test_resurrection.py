@@ -64,14 +64,16 @@ def test_sigkill_of_a_child_mid_task_completes_it_exactly_once_elsewhere(fast_wo
 def test_sigkill_of_a_whole_worker_holding_a_prefetched_backlog_runs_every_task_once(
     fast_worker, redis_client
 ):
-    doomed = fast_worker(name="doomed")
+    # The survivor is up first, on a queue of its own: it gets only what relier
+    # re-dispatches (the recovery queue is added to every worker).
+    fast_worker(name="survivor", queues=("elsewhere",))
+    doomed = fast_worker(name="doomed", queues=("celery",))
     client = sync_client(config.current())
-    receipts = [tasks.record.push(f"k-whole-{i}", 2) for i in range(8)]
+    receipts = [tasks.record.push(f"k-whole-{i}", 3) for i in range(8)]
     for r in receipts[:2]:
         running_pid(client, r.task_id)
     # 2 running, 6 prefetched (received, unacknowledged) when the whole worker dies.
     wait_until(lambda: doomed.log_text().count("received") == 8, 10, what="the prefetch")
-    fast_worker(name="survivor")
     doomed.kill()
 
     for i, r in enumerate(receipts):
@@ -229,13 +231,21 @@ def test_the_brokers_own_redelivery_after_a_resurrection_is_refused_as_stale(
         "CELERY_UNACKED_RESTORE_INTERVAL": "0.5",
         "CELERY_UNACKED_RESTORE_THROTTLE": "1",
     }
-    doomed = worker_factory(name="doomed", concurrency=1, extra_env=redeliver_fast)
+    survivor = worker_factory(
+        name="survivor", concurrency=2, queues=("elsewhere",), extra_env=redeliver_fast
+    )
+    doomed = worker_factory(
+        name="doomed", concurrency=1, queues=("celery",), extra_env=redeliver_fast
+    )
     client = sync_client(config.current())
-    receipts = [tasks.record.push(f"redeliver-{i}", 1) for i in range(4)]
+    receipts = [tasks.record.push(f"redeliver-{i}", 2) for i in range(4)]
     running_pid(client, receipts[0].task_id)
     wait_until(lambda: doomed.log_text().count("received") >= 4, 10, what="prefetch")
-    survivor = worker_factory(name="survivor", concurrency=2, extra_env=redeliver_fast)
     doomed.kill()  # 1 running (acked) + 3 reserved (unacked in kombu) die with it
+    # The supervisor restarts it; kombu puts the originals back on "celery" for it.
+    successor = worker_factory(
+        name="successor", concurrency=2, queues=("celery",), extra_env=redeliver_fast
+    )
 
     assert [r.get(timeout=30)["fence"] for r in receipts] == [2, 2, 2, 2]
     # After the visibility timeout kombu hands the 3 unacked originals (fence 1) to the
@@ -243,7 +253,11 @@ def test_the_brokers_own_redelivery_after_a_resurrection_is_refused_as_stale(
     # 'gone' once it committed.
     for r in receipts[1:]:
         line = f"message refused task_id={r.task_id} fence=1 reason="
-        wait_until(lambda line=line: line in survivor.log_text(), 30, what="the stale redelivery")
+        wait_until(
+            lambda line=line: line in survivor.log_text() + successor.log_text(),
+            30,
+            what="the stale redelivery",
+        )
     for i in range(4):
         assert executions(client, f"redeliver-{i}") == [2]  # each ran exactly once
 
