@@ -24,16 +24,12 @@ def history_tail(event: str, **fields: Any) -> str:
 @dataclass(frozen=True, slots=True)
 class StartResult:
     started: bool
-    refusal: str = ""  # 'gone' | 'stale' | 'started'
+    refusal: str = ""  # 'gone' | 'stale' | 'started'; '' when started
     current_fence: int = -1
-    attempt: int = 0
-    resurrections: int = 0
 
 
 def _parse_start(reply: list[Any]) -> StartResult:
-    if int(reply[0]) == 1:
-        return StartResult(True, attempt=int(reply[1]), resurrections=int(reply[2]))
-    return StartResult(False, refusal=str(reply[1]), current_fence=int(reply[2]))
+    return StartResult(int(reply[0]) == 1, str(reply[1]), int(reply[2]))
 
 
 def start(

@@ -81,9 +81,9 @@ class Runner:
                 started.current_fence,
             )
             return
-        ctx = TaskContext(
-            env.id, env.fence, started.attempt, started.resurrections, env.task, self.worker
-        )
+        # The envelope is this incarnation's own checksummed record; the task hash's
+        # counters may lag it (resurrected.lua counts only after the broker's ACK).
+        ctx = TaskContext(env.id, env.fence, env.attempt, env.resurrections, env.task, self.worker)
         beats = heartbeat.for_running_loop(self.config)
         work = asyncio.get_running_loop().create_task(self._invoke(spec, ctx, env))
 
@@ -186,9 +186,7 @@ class Runner:
             "retrying task_id=%s attempt=%s in %.2fs after %s", env.id, nxt.attempt, delay_s, error
         )
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                None, broker.send, self.app, nxt, None, delay_s
-            )
+            await broker.asend(self.app, nxt, None, delay_s)
         except Exception:
             # Stored and covered by the expiry index: it is re-dispatched once its
             # queued grace runs out, so nothing is lost; only delayed.

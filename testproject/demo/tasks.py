@@ -141,4 +141,9 @@ def fragile(ctx: TaskContext, label: str, deaths: int) -> dict:
     runs = _record(label, ctx)
     if runs <= deaths:
         os.kill(os.getpid(), signal.SIGKILL)
-    return {"runs": runs, "fence": ctx.fence_token, "attempt": ctx.attempt}
+    return {
+        "runs": runs,
+        "fence": ctx.fence_token,
+        "attempt": ctx.attempt,
+        "resurrections": ctx.resurrections,
+    }

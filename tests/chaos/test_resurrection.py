@@ -82,6 +82,14 @@ def test_sigkill_of_a_whole_worker_holding_a_prefetched_backlog_runs_every_task_
     assert_no_leaked_keys(client)
 
 
+def test_a_resurrected_incarnation_knows_its_fence_and_resurrection_count(
+    fast_worker, redis_client
+):
+    fast_worker()
+    result = tasks.fragile.push("fragile-once", 1).get(timeout=30)  # dies once
+    assert result == {"runs": 2, "fence": 2, "attempt": 1, "resurrections": 1}
+
+
 def test_a_zombie_cannot_commit_after_it_resumes(fast_worker, redis_client):
     worker = fast_worker()
     client = sync_client(config.current())
@@ -295,7 +303,8 @@ def test_a_resurrection_limited_task_released_from_the_dlq_runs_with_a_fresh_fen
     released = release(app, config.current(), receipt.task_id)
     assert released.task_id == receipt.task_id
     result = released.get(timeout=60)
-    assert result == {"runs": 3, "fence": 3, "attempt": 1}  # fence above every earlier one
+    # Fence above every earlier one; counters reset by the release.
+    assert result == {"runs": 3, "fence": 3, "attempt": 1, "resurrections": 0}
     assert executions(client, "fragile") == [1, 2, 3]
     assert client.zcard(KEYS.dlq) == 0 and not client.exists(KEYS.dlq_entry(receipt.task_id))
 

@@ -10,7 +10,7 @@
 -- ARGV[4]  heartbeat TTL, ms
 -- ARGV[5]  history event: a JSON object without its opening brace; the script
 --          prefixes {"at_ms":<server time>,
--- RETURNS  {1, attempt, resurrections}   started
+-- RETURNS  {1, '', fence}                    started
 --          {0, 'gone', -1}                no such task (finished, dead-lettered, never stored)
 --          {0, 'stale', current_fence}    the fence has moved on
 --          {0, 'started', current_fence}  this incarnation already started elsewhere
@@ -30,5 +30,4 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[3], 'started_ms', now_ms)
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]), id)
 redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[5])
-local fields = redis.call('HMGET', KEYS[1], 'attempt', 'res')
-return {1, tonumber(fields[1]), tonumber(fields[2])}
+return {1, '', tonumber(current)}
