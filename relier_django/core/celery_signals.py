@@ -37,7 +37,8 @@ _scanner: Scanner | None = None
 _reservations: Reservations | None = None
 
 
-def _worker_id(hostname: object) -> str:
+def worker_id(hostname: object = None) -> str:
+    """``hostname:pid`` of this process, as logged and stored in task hashes."""
     return f"{hostname or os.uname().nodename}:{os.getpid()}"
 
 
@@ -53,7 +54,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     if not cfg.embedded_resurrector or _scanner is not None:
         return
     app = getattr(sender, "app", None)
-    _scanner = Scanner(app, cfg, _worker_id(getattr(sender, "hostname", None)))
+    _scanner = Scanner(app, cfg, worker_id(getattr(sender, "hostname", None)))
     _scanner.start_thread()
     logger.info("embedded resurrector started scanner=%s", _scanner.scanner_id)
 
@@ -85,8 +86,7 @@ def _active_envelopes() -> list[tuple[str, int]]:
 
     held = []
     for request in list(state.active_requests):
-        args = getattr(request, "args", None)
-        fence = fence_of(args[0]) if isinstance(args, list | tuple) and len(args) == 1 else None
+        fence = fence_of(getattr(request, "args", None))
         if fence is not None:
             held.append((request.id, fence))
     return held
@@ -124,8 +124,7 @@ def _tracked_request_ids() -> set[str]:
 
 def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     global _reservations
-    args = getattr(request, "args", None)
-    fence = fence_of(args[0]) if isinstance(args, list | tuple) and len(args) == 1 else None
+    fence = fence_of(getattr(request, "args", None))
     if fence is None:
         return  # not an @rl_task envelope
     if _reservations is None:
@@ -140,12 +139,10 @@ def _on_task_unknown(sender: Any = None, message: Any = None, name: str = "", **
     except Exception:  # an undecodable body is not ours to judge; Celery already logged it
         return
     args = body[0] if isinstance(body, list | tuple) and body else None
-    if not (isinstance(args, list | tuple) and len(args) == 1 and isinstance(args[0], str)):
+    if fence_of(args) is None:
         return  # not an @rl_task message
-    if '"sha256"' not in args[0]:
-        return
     hostname = getattr(sender, "hostname", None)
-    runner = Runner(None, getattr(sender, "app", None), config.current(), _worker_id(hostname))
+    runner = Runner(None, getattr(sender, "app", None), config.current(), worker_id(hostname))
     try:
         bridge.run(runner.run(args[0], expected_task=name), timeout_s=30)
     except Exception:

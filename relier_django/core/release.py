@@ -54,7 +54,7 @@ def release(app: Any, config: Config, entry_id: str) -> Receipt:
     keys = KeySpace(config.key_prefix)
     client = sync_client(config)
     entry = dlq.get(client, keys, entry_id)
-    if entry is None or entry.data.get("releasing"):
+    if entry is None:
         raise EntryNotReleasable(entry_id, "no such entry in the dead-letter queue")
     env = _envelope(entry_id, entry)
     fresh = dataclasses.replace(env, fence=env.fence + 1, attempt=1, resurrections=0)

@@ -26,14 +26,18 @@ from .keys import KeySpace
 logger = logging.getLogger("relier_django.reservations")
 
 
-def fence_of(message_arg: object) -> int | None:
-    """The fence carried by an ``@rl_task`` message argument, or None if not one."""
-    if not isinstance(message_arg, str) or '"sha256"' not in message_arg:
+def fence_of(args: object) -> int | None:
+    """The fence carried by a Celery message's positional arguments when they are one
+    ``@rl_task`` envelope; None for anything else (other tasks, malformed calls)."""
+    if not (isinstance(args, list | tuple) and len(args) == 1 and isinstance(args[0], str)):
+        return None
+    if '"sha256"' not in args[0]:  # cheap pre-filter before parsing
         return None
     try:
-        fence = json.loads(message_arg).get("fence")
+        body = json.loads(args[0])
     except ValueError:
         return None
+    fence = body.get("fence") if isinstance(body, dict) else None
     return fence if isinstance(fence, int) else None
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -58,14 +57,14 @@ class RelierTask(Task):  # type: ignore[misc]
         )
 
 
-def _worker_id(task: Task) -> str:
-    hostname = getattr(task.request, "hostname", None) or os.uname().nodename
-    return f"{hostname}:{os.getpid()}"
-
-
 def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> None:
     """The Celery task body, in the worker process: run the envelope on the bridge loop."""
-    runner = Runner(self.relier_spec, self.app, config.current(), _worker_id(self))
+    runner = Runner(
+        self.relier_spec,
+        self.app,
+        config.current(),
+        celery_signals.worker_id(self.request.hostname),
+    )
     if len(args) == 1 and not kwargs:
         bridge.run(runner.run(args[0]))
         return

@@ -87,3 +87,14 @@ def test_a_running_async_incarnation_is_cancelled_when_its_fence_moves(
     # Cancelled at its await: it never reached the line that records a run.
     assert client.llen("demo:exec:superseded") == 0
     assert client.get(KEYS.result(receipt.task_id)) is None
+
+
+def test_start_refuses_a_second_delivery_of_the_current_incarnation(redis_client):
+    client = sync_client(config.current())
+    env = producer.prepare(tasks.record.relier_spec, ("twice",), {})
+    idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client)
+    first = fencing.start(KEYS, env, "w:1", 10_000).run(client)
+    second = fencing.start(KEYS, env, "w:2", 10_000).run(client)
+    assert first.started and not second.started
+    assert (second.refusal, second.current_fence) == ("started", 1)
+    assert client.hget(KEYS.task(env.id), "worker") == "w:1"

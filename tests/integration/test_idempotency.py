@@ -122,3 +122,16 @@ def test_a_failed_send_releases_the_claim(redis_client):
     with pytest.raises(BrokerDown):
         producer.push(tasks.charge.relier_spec, DeadApp(), ("o-down", 1), {})
     assert redis_client.dbsize() == 0  # no claim, no stored task, no index entry
+
+
+def test_push_script_is_safe_to_replay_and_refuses_a_different_envelope_on_the_same_id(
+    redis_client,
+):
+    client = sync_client(config.current())
+    env = producer.prepare(tasks.charge.relier_spec, ("o-replay", 1), {})
+    store = idempotency.store(KEYS, env, env.encode(), 60_000, 3)
+    # A client retry after a lost reply runs the same call twice: the same answer.
+    assert store.run(client) == store.run(client) == idempotency.StoreResult(True, env.id)
+    other = producer.prepare(tasks.charge.relier_spec, ("o-other", 1), {}, task_id=env.id)
+    taken = idempotency.store(KEYS, other, other.encode(), 60_000, 3).run(client)
+    assert taken.id_taken and not taken.stored
