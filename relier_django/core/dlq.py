@@ -124,6 +124,13 @@ class Entry:
     def reason(self) -> str:
         return str(self.data["reason"])
 
+    @property
+    def fence(self) -> int | None:
+        """The failing incarnation's fence: tells this failure from a later one of the
+        same task (None for a message that could not be tied to a task)."""
+        fence = self.data.get("fence")
+        return int(fence) if fence is not None else None
+
 
 def get(client: redis.Redis, keys: KeySpace, entry_id: str) -> Entry | None:
     fields = client.hgetall(keys.dlq_entry(entry_id))

@@ -43,12 +43,17 @@ def _envelope(entry_id: str, entry: dlq.Entry) -> Envelope:
         raise EntryNotReleasable(entry_id, f"its envelope does not verify: {exc}") from exc
 
 
-def release(app: Any, config: Config, entry_id: str) -> Receipt:
+def release(app: Any, config: Config, entry_id: str, expected_fence: int | None = None) -> Receipt:
     """Dispatch a DLQ entry's task again; returns the receipt of the new incarnation.
 
+    ``expected_fence`` (an entry's ``fence``, as the operator saw it) pins the release
+    to that failure: if the task was released meanwhile and failed again, the entry
+    now holds a later failure and is left alone. Without it, whatever failure the
+    entry holds now is released.
+
     Raises:
-        EntryNotReleasable: unknown or already released entry, no envelope, or the task
-            id is live again.
+        EntryNotReleasable: unknown or already released entry, a later failure than
+            ``expected_fence``, no envelope, or the task id is live again.
         Any broker error: the entry is back in the DLQ, unchanged.
     """
     keys = KeySpace(config.key_prefix)
@@ -66,11 +71,16 @@ def release(app: Any, config: Config, entry_id: str) -> Receipt:
         scripts.RELEASE,
         keys.for_release(entry_id, env.id, idem),
         [entry_id, env.id, encoded, fresh.fence, env.task, env.queue,
-         _max_resurrections(app, env.task, config), grace_ms, tail],
+         _max_resurrections(app, env.task, config), grace_ms, tail,
+         "" if expected_fence is None else expected_fence],
         int,
     ).run(client)  # fmt: skip
     if code == 0:
-        raise EntryNotReleasable(entry_id, "no such entry in the dead-letter queue")
+        raise EntryNotReleasable(
+            entry_id,
+            "no such entry in the dead-letter queue"
+            + ("" if expected_fence is None else f" holding the failure at fence {expected_fence}"),
+        )
     if code == -1:
         raise EntryNotReleasable(entry_id, f"task {env.id} is live again; it was not re-created")
     try:

@@ -317,13 +317,16 @@ def test_a_release_runs_once_even_when_two_operators_race(worker, redis_client):
     receipt = tasks.explode.push("race-release")
     with pytest.raises(TaskFailed):
         receipt.get(timeout=30)
+    # Each operator releases the failure they saw. (The released task fails again and
+    # gets a new entry under the same id; a slow operator must not release that one.)
+    seen = dlq.get(sync_client(config.current()), KEYS, receipt.task_id).fence
     outcomes = []
     barrier = threading.Barrier(8)
 
     def operator():
         barrier.wait()
         try:
-            outcomes.append(release(app, config.current(), receipt.task_id).task_id)
+            outcomes.append(release(app, config.current(), receipt.task_id, seen).task_id)
         except EntryNotReleasable:
             outcomes.append(None)
 
@@ -382,3 +385,26 @@ def test_a_deep_recovery_queue_defers_resurrection_and_leaves_tasks_covered(redi
 
     report = Resurrector(app, cfg.replace(recovery_max_depth=10), "released").run_pass()
     assert report.resurrected == 1
+
+
+def test_a_release_pinned_to_a_failure_leaves_a_later_failure_alone(worker, redis_client):
+    from relier_django.core.errors import EntryNotReleasable
+    from relier_django.core.release import release
+    from testproject.celery import app
+
+    client = sync_client(config.current())
+    receipt = tasks.explode.push("pinned")
+    with pytest.raises(TaskFailed):
+        receipt.get(timeout=30)
+    first = dlq.get(client, KEYS, receipt.task_id).fence
+    release(app, config.current(), receipt.task_id, first)
+    # It fails again: the entry now holds a later failure (higher fence).
+    wait_until(
+        lambda: (e := dlq.get(client, KEYS, receipt.task_id)) is not None and e.fence > first,
+        30,
+        what="the second failure",
+    )
+    with pytest.raises(EntryNotReleasable, match=f"at fence {first}"):
+        release(app, config.current(), receipt.task_id, first)  # a stale click
+    assert client.llen("demo:exec:pinned") == 2
+    assert dlq.get(client, KEYS, receipt.task_id).fence == first + 1

@@ -31,8 +31,9 @@ if fenced then
   redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[7])
   history = redis.call('LRANGE', KEYS[2], 0, -1)
 end
+-- 'fence' tells one failure of a task from the next (they share the entry id).
 redis.call('HSET', KEYS[6], 'entry', ARGV[4], 'history', '[' .. table.concat(history, ',') .. ']',
-  'at_ms', now_ms, 'task_id', id)
+  'at_ms', now_ms, 'task_id', id, 'fence', ARGV[2])
 redis.call('ZADD', KEYS[5], now_ms, ARGV[3])
 if fenced then
   redis.call('SET', KEYS[4], ARGV[5], 'PX', tonumber(ARGV[6]))

@@ -13,10 +13,17 @@
 -- ARGV[4]  its fence   ARGV[5]  task name   ARGV[6]  queue   ARGV[7]  max resurrections
 -- ARGV[8]  queued grace, ms
 -- ARGV[9]  history event: JSON object without its opening brace (see start.lua)
+-- ARGV[10] the fence of the failure the caller means to release, or '' for whichever
+--          failure is there now (a task that failed again after a release gets a new
+--          entry under the same id, with a higher fence)
 -- RETURNS  1 re-created: publish the envelope now
---          0 no such entry in the DLQ (already released, deleted, or never there)
+--          0 no such entry in the DLQ (already released, deleted, never there, or now
+--            holding a later failure than the caller asked for)
 --          -1 a live task with this id exists (it was pushed again meanwhile)
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false then
+  return 0
+end
+if ARGV[10] ~= '' and redis.call('HGET', KEYS[2], 'fence') ~= ARGV[10] then
   return 0
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
