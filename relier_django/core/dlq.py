@@ -1,7 +1,7 @@
 """The dead-letter queue: where every task that cannot complete lands, with a reason.
 
-This module holds the write (dead_letter.lua) and simple reads; the operator surface
-(commands, admin, release) is built on top of it.
+This module holds the write (dead_letter.lua) and the shape of an entry; reading,
+paging, counting and deleting are in ``dlq_store``, release in ``release``.
 """
 
 from __future__ import annotations
@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
-
-import redis
 
 from . import outcome, scripts
 from .envelope import Envelope, canonical
 from .fencing import Transition, history_tail, parse_transition
 from .keys import KeySpace
+
+SUMMARY_CHARS = 200
 
 
 class Reason(StrEnum):
@@ -76,6 +77,12 @@ def _entry(task_id: str, entry_id: str, failure: Failure, env: Envelope | None, 
     return canonical(body)
 
 
+def _summary(failure: Failure) -> str:
+    # One line for listings; the entry keeps the whole message and traceback.
+    text = " ".join((failure.error or "").split())
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
 def dead_letter(
     keys: KeySpace,
     failure: Failure,
@@ -83,10 +90,13 @@ def dead_letter(
     *,
     env: Envelope | None,
     raw: object = None,
+    queue: str = "",
+    task: str = "",
 ) -> scripts.ScriptCall[Transition]:
     """dead_letter.lua. With ``env`` the move is fenced to that incarnation and the
-    task's working keys go with it; without, only the entry is written (a message
-    that cannot be tied to a stored task keeps its raw body)."""
+    task's working keys go with it; without, only the entry is written: a message
+    that cannot be tied to a stored task keeps its raw body, with the ``queue`` it
+    arrived on and the ``task`` it was addressed to, when known."""
     entry_id = env.id if env is not None else f"msg-{uuid.uuid4()}"
     task_id = env.id if env is not None else entry_id
     idem = keys.idempotency(env.task, env.idem_key) if env is not None and env.idem_key else None
@@ -108,44 +118,122 @@ def dead_letter(
             outcome.failed(str(failure.reason), failure.error, entry_id),
             result_ttl_ms,
             tail,
+            env.task if env is not None else task,
+            str(failure.reason),
+            env.queue if env is not None else queue,
+            _summary(failure),
         ],
         parse_transition,
     )
 
 
+def iso(ms: int) -> str:
+    """A Redis-clock time in ms as ISO 8601 UTC with milliseconds, as --json prints it."""
+    at = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What a listing shows of an entry; read without the envelope or traceback."""
+
+    id: str
+    task_id: str
+    task: str  # '' when the message could not be tied to a task
+    reason: str
+    queue: str
+    error: str  # one line, at most SUMMARY_CHARS
+    fence: int | None  # the failing incarnation's; None for an untied message
+    failed_at_ms: int  # the latest failure (Redis clock)
+    first_failed_at_ms: int  # the first time this task landed in the DLQ
+    failures: int  # how many times it landed here (releases keep the count)
+
+    @classmethod
+    def from_fields(cls, entry_id: str, f: dict[str, str]) -> Summary:
+        return cls(
+            id=entry_id,
+            task_id=f.get("task_id", entry_id),
+            task=f.get("task", ""),
+            reason=f.get("reason", ""),
+            queue=f.get("queue", ""),
+            error=f.get("error", ""),
+            fence=int(f["fence"]) if f.get("fence") else None,
+            failed_at_ms=int(f["at_ms"]),
+            first_failed_at_ms=int(f.get("first_ms") or f["at_ms"]),
+            failures=int(f.get("failures") or 1),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable ``--json`` form of a summary (docs/dlq.md)."""
+        return {
+            "id": self.id,
+            "task_id": self.task_id,
+            "task": self.task,
+            "reason": self.reason,
+            "queue": self.queue,
+            "error": self.error,
+            "fence": self.fence,
+            "failed_at": iso(self.failed_at_ms),
+            "first_failed_at": iso(self.first_failed_at_ms),
+            "failures": self.failures,
+        }
+
+
+SUMMARY_FIELDS = ("task_id", "task", "reason", "queue", "error", "fence", "at_ms", "first_ms",
+                  "failures")  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
-    id: str
-    at_ms: int
+    """A whole DLQ entry: the summary, plus what was known at the failure (``data``:
+    exception type, message and traceback, worker, the envelope or the raw body) and
+    the task's incarnation history (time, event, fence, worker, outcome)."""
+
+    summary: Summary
     data: dict[str, Any]
-    history: list[dict[str, Any]]
+    history: tuple[dict[str, Any], ...]
+
+    @classmethod
+    def from_fields(cls, entry_id: str, f: dict[str, str]) -> Entry:
+        return cls(
+            Summary.from_fields(entry_id, f),
+            json.loads(f["entry"]),
+            tuple(json.loads(f.get("history") or "[]")),
+        )
+
+    @property
+    def id(self) -> str:
+        return self.summary.id
 
     @property
     def reason(self) -> str:
-        return str(self.data["reason"])
+        return self.summary.reason
 
     @property
     def fence(self) -> int | None:
         """The failing incarnation's fence: tells this failure from a later one of the
         same task (None for a message that could not be tied to a task)."""
-        fence = self.data.get("fence")
-        return int(fence) if fence is not None else None
+        return self.summary.fence
 
+    @property
+    def envelope(self) -> dict[str, Any] | None:
+        return self.data.get("envelope")
 
-def get(client: redis.Redis, keys: KeySpace, entry_id: str) -> Entry | None:
-    fields = client.hgetall(keys.dlq_entry(entry_id))
-    if not fields:
-        return None
-    return Entry(
-        entry_id, int(fields["at_ms"]), json.loads(fields["entry"]), json.loads(fields["history"])
-    )
+    @property
+    def raw(self) -> str | None:
+        """The message as it arrived, for one that is not a valid envelope."""
+        return self.data.get("raw")
 
-
-def recent(client: redis.Redis, keys: KeySpace, limit: int = 50) -> list[Entry]:
-    """The newest entries first."""
-    ids = client.zrevrange(keys.dlq, 0, limit - 1)
-    return [e for e in (get(client, keys, i) for i in ids) if e is not None]
-
-
-def size(client: redis.Redis, keys: KeySpace) -> int:
-    return int(client.zcard(keys.dlq))
+    def to_json(self) -> dict[str, Any]:
+        """The stable ``--json`` form of an entry (docs/dlq.md)."""
+        return {
+            **self.summary.to_json(),
+            "exc_type": self.data.get("exc_type"),
+            "exc_message": self.data.get("exc_message"),
+            "traceback": self.data.get("traceback"),
+            "worker": self.data.get("worker"),
+            "attempt": self.data.get("attempt"),
+            "envelope": self.envelope,
+            "raw": self.raw,
+            "history": list(self.history),
+        }

@@ -50,7 +50,7 @@ class EntryNotReleasable(RelierError):
 
 
 class DuplicateTaskId(RelierError):
-    """``push(task_id=...)`` reused the id of a task that still exists."""
+    """``push(task_id=...)`` reused the id of a task that still exists, or of a DLQ entry."""
 
 
 class TaskLost(BaseException):

@@ -31,12 +31,13 @@ def derive_key(option: KeyOption, args: Sequence[Any], kwargs: Mapping[str, Any]
 class StoreResult:
     stored: bool
     task_id: str  # the new task, or the one that holds the idempotency claim
-    id_taken: bool = False
+    id_taken: bool = False  # a live task has this id
+    id_in_dlq: bool = False  # a DLQ entry has this id
 
 
 def _parse_store(reply: list[Any]) -> StoreResult:
     code, task_id = int(reply[0]), str(reply[1])
-    return StoreResult(stored=code == 1, task_id=task_id, id_taken=code == -1)
+    return StoreResult(code == 1, task_id, id_taken=code == -1, id_in_dlq=code == -2)
 
 
 def store(

@@ -10,8 +10,10 @@ returns its KEYS in the order its ``.lua`` header declares.
 | ``<p>:r:{id}``              | string | the outcome a receipt reads; TTL ``result_ttl_s``       |
 | ``<p>:i:<task>:<sha256>``   | string | idempotency claim -> task id; TTL set at commit, CAD'd  |
 | ``<p>:expiry``              | zset   | task id -> deadline (ms, Redis clock); the scan index   |
-| ``<p>:dlq``                 | zset   | DLQ entry id -> dead-lettered at (ms)                   |
-| ``<p>:dlq:e:{id}``          | hash   | one DLQ entry                                           |
+| ``<p>:dlq``                 | zset   | DLQ entry id -> dead-lettered at (ms): the time index   |
+| ``<p>:dlq:e:{id}``          | hash   | one DLQ entry; deleted only by release, delete, purge   |
+| ``<p>:dlq:x``               | zset   | DLQ lex index for filtered, cursor-paged listings       |
+| ``<p>:dlq:n``               | hash   | DLQ counts by task, by reason, by both                  |
 | ``<p>:resurrector:leader``  | string | scanner leader lease; TTL, extended by its holder       |
 """
 
@@ -53,6 +55,14 @@ class KeySpace:
         return f"{self.prefix}:dlq:e:{{{entry_id}}}"
 
     @property
+    def dlq_lex(self) -> str:
+        return f"{self.prefix}:dlq:x"
+
+    @property
+    def dlq_counts(self) -> str:
+        return f"{self.prefix}:dlq:n"
+
+    @property
     def leader(self) -> str:
         return f"{self.prefix}:resurrector:leader"
 
@@ -66,15 +76,16 @@ class KeySpace:
 
     def owned_patterns(self) -> tuple[str, ...]:
         """Patterns of the keys an operator or a scanner owns (no TTL by design)."""
-        return (self.dlq, self.dlq_entry("*"), self.leader)
+        return (self.dlq, self.dlq_entry("*"), self.dlq_lex, self.dlq_counts, self.leader)
 
     # -- KEYS for each script, in the order of its header -------------------------
     def for_push(self, task_id: str, idem_key: str | None) -> list[str]:
-        keys = [self.task(task_id), self.history(task_id), self.expiry]
+        keys = [self.task(task_id), self.history(task_id), self.expiry, self.dlq_entry(task_id)]
         return [*keys, idem_key] if idem_key else keys
 
     def for_abort(self, task_id: str, idem_key: str | None) -> list[str]:
-        return self.for_push(task_id, idem_key)
+        keys = [self.task(task_id), self.history(task_id), self.expiry]
+        return [*keys, idem_key] if idem_key else keys
 
     def for_start(self, task_id: str) -> list[str]:
         return [self.task(task_id), self.history(task_id), self.expiry]
@@ -109,6 +120,8 @@ class KeySpace:
             self.task(task_id),
             self.history(task_id),
             self.expiry,
+            self.dlq_lex,
+            self.dlq_counts,
         ]
 
     def for_release(self, entry_id: str, task_id: str, idem_key: str | None) -> list[str]:
@@ -130,5 +143,10 @@ class KeySpace:
             self.result(task_id),
             self.dlq,
             self.dlq_entry(entry_id),
+            self.dlq_lex,
+            self.dlq_counts,
         ]
         return [*keys, idem_key] if idem_key else keys
+
+    def for_dlq_delete(self, entry_ids: list[str]) -> list[str]:
+        return [self.dlq, self.dlq_lex, self.dlq_counts, *(self.dlq_entry(e) for e in entry_ids)]

@@ -88,6 +88,12 @@ class _Push:
         """The receipt of an idempotent duplicate, or None when this push was stored."""
         if stored.id_taken:
             raise DuplicateTaskId(f"a task with id {self.env.id!r} already exists")
+        if stored.id_in_dlq:
+            raise DuplicateTaskId(
+                f"task id {self.env.id!r} names an entry in the dead-letter queue; release it "
+                f"(`manage.py relier_dlq release {self.env.id}`) or delete it, or push with "
+                "another id"
+            )
         if stored.stored:
             return None
         logger.info("idempotent duplicate task=%s task_id=%s", self.env.task, stored.task_id)

@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import broker, dlq, scripts
 from .config import Config
 from .connection import sync_client
+from .dlq_store import Cursor, DeadLetterStore, Query
 from .envelope import Envelope, decode
 from .errors import EntryNotReleasable, EnvelopeError
 from .fencing import history_tail
@@ -58,7 +61,7 @@ def release(app: Any, config: Config, entry_id: str, expected_fence: int | None 
     """
     keys = KeySpace(config.key_prefix)
     client = sync_client(config)
-    entry = dlq.get(client, keys, entry_id)
+    entry = DeadLetterStore(client, keys).get(entry_id)
     if entry is None:
         raise EntryNotReleasable(entry_id, "no such entry in the dead-letter queue")
     env = _envelope(entry_id, entry)
@@ -98,3 +101,57 @@ def release(app: Any, config: Config, entry_id: str, expected_fence: int | None 
     ).run(client)
     logger.warning("released DLQ entry %s task_id=%s fence=%s", entry_id, env.id, fresh.fence)
     return Receipt(env.id, deduplicated=False, config=config)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkRelease:
+    """What ``release_matching`` did (or, dry, would do)."""
+
+    released: tuple[str, ...] = ()
+    refused: tuple[tuple[str, str], ...] = ()  # (entry id, why)
+    dry_run: bool = False
+
+
+@dataclass
+class _Tally:
+    released: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+
+
+def release_matching(
+    app: Any,
+    config: Config,
+    query: Query,
+    *,
+    dry_run: bool = False,
+    on_release: Callable[[str], None] | None = None,
+) -> BulkRelease:
+    """Release every entry matching ``query``, each pinned to the failure listed.
+
+    One entry's refusal (no envelope, live again) does not stop the rest; it is
+    reported in ``refused``. A broker error stops the run and propagates: the entry
+    it hit is back in the DLQ, and the ones before it are released.
+    With ``dry_run`` nothing changes; ``released`` lists what would be released.
+    """
+    store = DeadLetterStore(sync_client(config), KeySpace(config.key_prefix))
+    tally = _Tally()
+    cursor: Cursor | None = None
+    while True:
+        page = store.page(query, cursor, limit=200)
+        for summary in page.entries:
+            if summary.fence is None:
+                tally.refused.append((summary.id, "it holds no envelope (a malformed message)"))
+            elif dry_run:
+                tally.released.append(summary.id)
+            else:
+                try:
+                    release(app, config, summary.id, expected_fence=summary.fence)
+                except EntryNotReleasable as exc:
+                    tally.refused.append((summary.id, exc.reason))
+                    continue
+                tally.released.append(summary.id)
+                if on_release is not None:
+                    on_release(summary.id)
+        if page.next_cursor is None:
+            return BulkRelease(tuple(tally.released), tuple(tally.refused), dry_run)
+        cursor = page.next_cursor

@@ -29,8 +29,11 @@ logger = logging.getLogger("relier_django.runner")
 class Runner:
     """Runs messages of one task definition with one config."""
 
-    def __init__(self, spec: TaskSpec | None, app: Any, config: Config, worker: str) -> None:
+    def __init__(
+        self, spec: TaskSpec | None, app: Any, config: Config, worker: str, queue: str = ""
+    ) -> None:
         self.spec = spec
+        self.queue = queue  # where the message arrived: kept with one that is no envelope
         self.app = app
         self.config = config
         self.worker = worker
@@ -200,7 +203,11 @@ class Runner:
         await self._dead(None, failure, raw=raw)
 
     async def _dead(self, env: Envelope | None, failure: Failure, raw: object = None) -> None:
-        call = dlq.dead_letter(self.keys, failure, self.result_ttl_ms, env=env, raw=raw)
+        # A message that is no envelope is filed under the task it was addressed to.
+        task = self.spec.name if self.spec is not None else ""
+        call = dlq.dead_letter(
+            self.keys, failure, self.result_ttl_ms, env=env, raw=raw, queue=self.queue, task=task
+        )
         moved = await call.arun(self.client)
         if moved.accepted:
             logger.error(

@@ -63,9 +63,21 @@ class ScriptCall(Generic[T]):
         return self.parse(await self.script.arun(client, self.keys, self.args))
 
 
+_INCLUDE = "-- @include "
+
+
+def _read(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text()
+
+
 def _load(name: str) -> LuaScript:
-    source = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text()
-    return LuaScript(name=name, source=source)
+    # A line '-- @include _fragment' is replaced by lua/_fragment.lua: shared local
+    # functions (the DLQ's index upkeep) written once, still one script per operation.
+    lines = [
+        _read(line.removeprefix(_INCLUDE).strip()) if line.startswith(_INCLUDE) else line
+        for line in _read(name).splitlines(keepends=True)
+    ]
+    return LuaScript(name=name, source="".join(lines))
 
 
 PUSH = _load("push")
@@ -83,9 +95,10 @@ HANDOFF = _load("handoff")
 RELEASE = _load("release")
 RELEASE_DONE = _load("release_done")
 RELEASE_ABORT = _load("release_abort")
+DLQ_DELETE = _load("dlq_delete")
 
 ALL: tuple[LuaScript, ...] = (
     PUSH, ABORT, START, HEARTBEAT, COMMIT, RETRY, DEAD_LETTER,
     RESURRECT, RESURRECTED, LEADER, LEADER_RELEASE, HANDOFF,
-    RELEASE, RELEASE_DONE, RELEASE_ABORT,
+    RELEASE, RELEASE_DONE, RELEASE_ABORT, DLQ_DELETE,
 )  # fmt: skip

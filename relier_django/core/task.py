@@ -64,6 +64,7 @@ def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> None:
         self.app,
         config.current(),
         celery_signals.worker_id(self.request.hostname),
+        queue=(self.request.delivery_info or {}).get("routing_key") or "",
     )
     if len(args) == 1 and not kwargs:
         bridge.run(runner.run(args[0]))

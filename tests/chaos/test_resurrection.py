@@ -11,8 +11,9 @@ import threading
 import pytest
 
 from relier_django import TaskFailed
-from relier_django.core import config, dlq
+from relier_django.core import config
 from relier_django.core.connection import sync_client
+from relier_django.core.dlq_store import DeadLetterStore
 from relier_django.core.keys import KeySpace
 from testproject.cluster import wait_until
 from testproject.demo import tasks
@@ -122,7 +123,7 @@ def test_a_task_that_kills_its_worker_every_time_lands_in_the_dlq(fast_worker, r
     assert err.value.reason == "resurrection_limit"
     assert executions(client, "poison") == [1, 2, 3]  # first run + max_resurrections=2
     assert_no_leaked_keys(client)
-    entry = dlq.get(client, KEYS, receipt.task_id)
+    entry = DeadLetterStore(client, KEYS).get(receipt.task_id)
     starts = [h for h in entry.history if h["event"] == "start"]
     assert [h["fence"] for h in starts] == [1, 2, 3]
     assert [h["fence"] for h in entry.history if h["event"] == "expired"] == [1, 2, 3]
@@ -319,7 +320,7 @@ def test_a_release_runs_once_even_when_two_operators_race(worker, redis_client):
         receipt.get(timeout=30)
     # Each operator releases the failure they saw. (The released task fails again and
     # gets a new entry under the same id; a slow operator must not release that one.)
-    seen = dlq.get(sync_client(config.current()), KEYS, receipt.task_id).fence
+    seen = DeadLetterStore(sync_client(config.current()), KEYS).get(receipt.task_id).fence
     outcomes = []
     barrier = threading.Barrier(8)
 
@@ -349,7 +350,7 @@ def test_a_release_whose_dispatch_fails_leaves_the_entry_in_the_dlq(worker, redi
     with pytest.raises(TaskFailed):
         receipt.get(timeout=30)
     client = sync_client(config.current())
-    before = dlq.get(client, KEYS, receipt.task_id)
+    before = DeadLetterStore(client, KEYS).get(receipt.task_id)
 
     class BrokerDown:
         tasks: dict = {}
@@ -359,8 +360,8 @@ def test_a_release_whose_dispatch_fails_leaves_the_entry_in_the_dlq(worker, redi
 
     with pytest.raises(ConnectionError):
         release(BrokerDown(), config.current(), receipt.task_id)
-    after = dlq.get(client, KEYS, receipt.task_id)
-    assert after is not None and after.data == before.data and after.at_ms == before.at_ms
+    after = DeadLetterStore(client, KEYS).get(receipt.task_id)
+    assert after is not None and after == before
     assert client.zscore(KEYS.dlq, receipt.task_id) is not None
     assert not client.exists(KEYS.task(receipt.task_id))  # the re-created task is gone again
 
@@ -396,15 +397,16 @@ def test_a_release_pinned_to_a_failure_leaves_a_later_failure_alone(worker, redi
     receipt = tasks.explode.push("pinned")
     with pytest.raises(TaskFailed):
         receipt.get(timeout=30)
-    first = dlq.get(client, KEYS, receipt.task_id).fence
+    store = DeadLetterStore(client, KEYS)
+    first = store.get(receipt.task_id).fence
     release(app, config.current(), receipt.task_id, first)
     # It fails again: the entry now holds a later failure (higher fence).
     wait_until(
-        lambda: (e := dlq.get(client, KEYS, receipt.task_id)) is not None and e.fence > first,
+        lambda: (e := store.get(receipt.task_id)) is not None and e.fence > first,
         30,
         what="the second failure",
     )
     with pytest.raises(EntryNotReleasable, match=f"at fence {first}"):
         release(app, config.current(), receipt.task_id, first)  # a stale click
     assert client.llen("demo:exec:pinned") == 2
-    assert dlq.get(client, KEYS, receipt.task_id).fence == first + 1
+    assert DeadLetterStore(client, KEYS).get(receipt.task_id).fence == first + 1

@@ -9,8 +9,9 @@ import json
 import pytest
 
 from relier_django import TaskFailed
-from relier_django.core import config, dlq
+from relier_django.core import config
 from relier_django.core.connection import sync_client
+from relier_django.core.dlq_store import DeadLetterStore
 from relier_django.core.keys import KeySpace
 from testproject.demo import tasks
 from tests.leaks import assert_no_leaked_keys
@@ -70,7 +71,7 @@ def test_retries_exhausted_lands_in_the_dlq_with_history(worker, redis_client):
         receipt.get(timeout=30)
     assert err.value.reason == "retries_exhausted"
     assert len(runs(redis_client, "f2")) == 4  # first run + max_retries=3
-    entry = dlq.get(sync_client(config.current()), KEYS, receipt.task_id)
+    entry = DeadLetterStore(sync_client(config.current()), KEYS).get(receipt.task_id)
     assert entry.data["exc_type"] == "TimeoutError"
     assert [h["event"] for h in entry.history].count("start") == 4
     assert entry.history[-1]["event"] == "dead"
@@ -82,7 +83,7 @@ def test_an_exception_goes_to_the_dlq_and_frees_the_idempotency_key(worker, redi
         first.get(timeout=30)
     assert err.value.reason == "exception"
     assert "ValueError: cannot process e1" in err.value.error
-    entry = dlq.get(sync_client(config.current()), KEYS, first.task_id)
+    entry = DeadLetterStore(sync_client(config.current()), KEYS).get(first.task_id)
     assert "Traceback" in entry.data["traceback"] and "cannot process e1" in entry.data["traceback"]
     assert entry.data["envelope"]["args"] == ["e1"]
     # The key was released at once: the same push runs again, as a new task.
@@ -132,7 +133,7 @@ def test_a_tampered_message_is_dead_lettered_with_its_raw_body_and_never_runs(wo
     client = sync_client(config.current())
 
     def dead() -> list:
-        return dlq.recent(client, KEYS)
+        return list(DeadLetterStore(client, KEYS).iter())
 
     from testproject.cluster import wait_until
 
@@ -148,6 +149,7 @@ def test_a_message_not_sent_by_push_is_kept_in_the_dlq(worker, redis_client):
 
     app.send_task("demo.record", args=["a", "b"], serializer="json")
     client = sync_client(config.current())
-    entries = wait_until(lambda: dlq.recent(client, KEYS), 30, what="the DLQ entry")
+    store = DeadLetterStore(client, KEYS)
+    entries = wait_until(lambda: list(store.iter()), 30, what="the DLQ entry")
     assert entries[0].reason == "malformed_message"
     assert "'a', 'b'" in entries[0].data["raw"]

@@ -1,11 +1,12 @@
 -- dead_letter.lua: move a task into the DLQ with its history, tell receipts it failed,
 -- release its idempotency key (compare-and-delete) and clean up, atomically.
--- Serves G5 (nothing disappears: every failure lands here with a reason), G4 (a failed
--- idempotent task frees its key at once) and G7.
+-- Serves G5 (nothing disappears: every failure lands here with a reason, indexed and
+-- counted in the same step), G4 (a failed idempotent task frees its key at once) and G7.
 --
 -- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index   KEYS[4]  result key
--- KEYS[5]  DLQ index (zset)   KEYS[6]  DLQ entry hash
--- KEYS[7]  idempotency key (only for idempotent tasks)
+-- KEYS[5]  DLQ time index   KEYS[6]  DLQ entry hash   KEYS[7]  DLQ lex index
+-- KEYS[8]  DLQ counts
+-- KEYS[9]  idempotency key (only for idempotent tasks)
 -- ARGV[1]  task id
 -- ARGV[2]  fence of the failing incarnation, or '' for a message that cannot be tied
 --          to a stored task (malformed, bad checksum): then only the entry is written
@@ -14,8 +15,11 @@
 -- ARGV[5]  outcome record, JSON, as receipts read it
 -- ARGV[6]  result TTL, ms
 -- ARGV[7]  history event: JSON object without its opening brace (see start.lua)
+-- ARGV[8]  task name ('' when unknown)   ARGV[9]  reason code   ARGV[10] queue
+-- ARGV[11] one-line error summary, for listings
 -- RETURNS  {1, at_ms}             dead-lettered
 --          {0, current_fence}     rejected: the fence moved (-1: the task is gone)
+-- @include _dlq_index
 local id = ARGV[1]
 local fenced = ARGV[2] ~= ''
 if fenced then
@@ -27,18 +31,30 @@ end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local history = {}
+local first_ms, failures = now_ms, 1
 if fenced then
   redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[7])
   history = redis.call('LRANGE', KEYS[2], 0, -1)
+  -- A task released from the DLQ carries its earlier failures (see release.lua).
+  local earlier = redis.call('HMGET', KEYS[1], 'dlq_first_ms', 'dlq_failures')
+  if earlier[1] then
+    first_ms, failures = tonumber(earlier[1]), tonumber(earlier[2]) + 1
+  end
 end
+-- The id can still name an older entry: one being released (its hash marked
+-- 'releasing', out of the index) or one still indexed. Replace it whole, so that
+-- release_done.lua finds no 'releasing' mark and leaves this failure alone.
+dlq_index_remove(KEYS[5], KEYS[7], KEYS[8], KEYS[6], ARGV[3])
+redis.call('DEL', KEYS[6])
 -- 'fence' tells one failure of a task from the next (they share the entry id).
 redis.call('HSET', KEYS[6], 'entry', ARGV[4], 'history', '[' .. table.concat(history, ',') .. ']',
-  'at_ms', now_ms, 'task_id', id, 'fence', ARGV[2])
-redis.call('ZADD', KEYS[5], now_ms, ARGV[3])
+  'at_ms', now_ms, 'first_ms', first_ms, 'failures', failures, 'task_id', id, 'fence', ARGV[2],
+  'task', ARGV[8], 'reason', ARGV[9], 'queue', ARGV[10], 'error', ARGV[11])
+dlq_index_add(KEYS[5], KEYS[7], KEYS[8], ARGV[3], ARGV[8], ARGV[9], now_ms)
 if fenced then
   redis.call('SET', KEYS[4], ARGV[5], 'PX', tonumber(ARGV[6]))
-  if KEYS[7] and redis.call('GET', KEYS[7]) == id then
-    redis.call('DEL', KEYS[7])
+  if KEYS[9] and redis.call('GET', KEYS[9]) == id then
+    redis.call('DEL', KEYS[9])
   end
   redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('ZREM', KEYS[3], id)

@@ -4,9 +4,10 @@
 -- The entry hash stays, marked 'releasing', until release_done.lua (broker accepted)
 -- or release_abort.lua (broker refused: the entry goes back, the task is removed).
 --
--- KEYS[1]  DLQ index   KEYS[2]  DLQ entry hash   KEYS[3]  task hash   KEYS[4]  history list
--- KEYS[5]  expiry index   KEYS[6]  result key
--- KEYS[7]  idempotency key (only for idempotent tasks)
+-- KEYS[1]  DLQ time index   KEYS[2]  DLQ entry hash   KEYS[3]  task hash
+-- KEYS[4]  history list   KEYS[5]  expiry index   KEYS[6]  DLQ lex index
+-- KEYS[7]  DLQ counts   KEYS[8]  result key
+-- KEYS[9]  idempotency key (only for idempotent tasks)
 -- ARGV[1]  entry id   ARGV[2]  task id
 -- ARGV[3]  the new envelope, canonical JSON (fence = last fence + 1, attempt 1,
 --          resurrections 0)
@@ -20,6 +21,7 @@
 --          0 no such entry in the DLQ (already released, deleted, never there, or now
 --            holding a later failure than the caller asked for)
 --          -1 a live task with this id exists (it was pushed again meanwhile)
+-- @include _dlq_index
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false then
   return 0
 end
@@ -37,14 +39,18 @@ for _, event in ipairs(history) do
 end
 redis.call('RPUSH', KEYS[4], '{"at_ms":' .. now_ms .. ',' .. ARGV[9])
 local idem = ''
-if KEYS[7] and redis.call('SET', KEYS[7], ARGV[2], 'NX') then
-  idem = KEYS[7]
+if KEYS[9] and redis.call('SET', KEYS[9], ARGV[2], 'NX') then
+  idem = KEYS[9]
 end
+local earlier = redis.call('HMGET', KEYS[2], 'first_ms', 'failures')
+-- dlq_first_ms / dlq_failures: so that a later failure of this task shows when it
+-- first failed and how often (dead_letter.lua reads them).
 redis.call('HSET', KEYS[3],
   'env', ARGV[3], 'fence', ARGV[4], 'state', 'queued', 'attempt', 1, 'res', 0,
-  'name', ARGV[5], 'queue', ARGV[6], 'idem', idem, 'created_ms', now_ms, 'maxres', ARGV[7])
+  'name', ARGV[5], 'queue', ARGV[6], 'idem', idem, 'created_ms', now_ms, 'maxres', ARGV[7],
+  'dlq_first_ms', earlier[1] or now_ms, 'dlq_failures', earlier[2] or 1)
 redis.call('ZADD', KEYS[5], now_ms + tonumber(ARGV[8]), ARGV[2])
-redis.call('DEL', KEYS[6])
-redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[8])
+dlq_index_remove(KEYS[1], KEYS[6], KEYS[7], KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[2], 'releasing', ARGV[4])
 return 1

@@ -1,0 +1,241 @@
+"""G5: the DLQ store. dead_letter.lua, dlq_delete.lua and the release scripts keep the
+indexes and counts in step; cursor pages are exact under any filter; nothing leaves the
+DLQ except by release, delete or purge. Against the session's private Redis."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from relier_django.core import broker, config, dlq, idempotency, producer, release, scripts
+from relier_django.core.connection import sync_client
+from relier_django.core.dlq import Failure, Reason
+from relier_django.core.dlq_store import Cursor, DeadLetterStore, Query
+from relier_django.core.envelope import decode
+from relier_django.core.errors import DuplicateTaskId, EntryNotReleasable
+from relier_django.core.fencing import history_tail
+from relier_django.core.keys import KeySpace
+from testproject.celery import app
+from testproject.demo import tasks
+
+KEYS = KeySpace("rl")
+
+
+@pytest.fixture
+def store(redis_client) -> DeadLetterStore:
+    return DeadLetterStore(sync_client(config.current()), KEYS)
+
+
+def fail(task=tasks.record, *args, reason=Reason.EXCEPTION, message="boom", task_id=None):
+    """Push a task (stored, not sent) and dead-letter its first incarnation."""
+    client = sync_client(config.current())
+    env = producer.prepare(task.relier_spec, args or ("x",), {}, task_id)
+    assert idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client).stored
+    failure = Failure(reason, "ValueError", message, traceback="Traceback ...", worker="w:1")
+    assert dlq.dead_letter(KEYS, failure, 60_000, env=env).run(client).accepted
+    return env
+
+
+def untied(task="", raw="garbage", queue="q1", reason=Reason.MALFORMED_MESSAGE):
+    client = sync_client(config.current())
+    failure = Failure(reason, "NotAnEnvelope", "not an envelope")
+    call = dlq.dead_letter(KEYS, failure, 60_000, env=None, raw=raw, queue=queue, task=task)
+    assert call.run(client).accepted
+
+
+def everything(store: DeadLetterStore, query: Query | None = None, limit: int = 7) -> list[str]:
+    ids, cursor = [], None
+    while True:
+        page = store.page(query or Query(), cursor, limit)
+        ids += [s.id for s in page.entries]
+        if page.next_cursor is None:
+            return ids
+        cursor = page.next_cursor
+
+
+def newest_first(store: DeadLetterStore, ids: list[str]) -> list[str]:
+    """The listing order: newest failure first, the same millisecond in id order."""
+    return sorted(ids, key=lambda i: (-store.get(i).summary.failed_at_ms, i))
+
+
+def test_an_entry_is_indexed_counted_and_summarised_when_it_lands(store):
+    env = fail(tasks.record, "a1", message="first line\n   second line")
+    (summary,) = store.page().entries
+    assert summary.id == env.id and summary.task == tasks.record.name
+    assert summary.reason == "exception" and summary.error == "ValueError: first line second line"
+    assert summary.fence == 1 and summary.failures == 1
+    assert summary.first_failed_at_ms == summary.failed_at_ms
+    counts = store.counts()
+    assert counts.total == 1 == store.size()
+    assert counts.by_task == {tasks.record.name: 1} and counts.by_reason == {"exception": 1}
+    assert counts.by_reason_and_task == {("exception", tasks.record.name): 1}
+    entry = store.get(env.id)
+    assert entry.envelope["args"] == ["a1"] and entry.data["traceback"] == "Traceback ..."
+    assert [h["event"] for h in entry.history] == ["dead"]
+    assert entry.to_json()["failed_at"].endswith("Z")
+
+
+def test_cursor_pages_are_exact_newest_first_under_every_filter(store):
+    made: list[tuple[str, str, str]] = []  # (id, task, reason), oldest first
+    for i in range(60):
+        task = (tasks.record, tasks.sync_record, tasks.explode)[i % 3]
+        reason = (Reason.EXCEPTION, Reason.RETRIES_EXHAUSTED)[i % 2]
+        made.append((fail(task, f"p{i}", reason=reason).id, task.name, str(reason)))
+    # Newest first; failures within the same millisecond in id order.
+    at = {m[0]: store.get(m[0]).summary.failed_at_ms for m in made}
+    newest_first = sorted(made, key=lambda m: (-at[m[0]], m[0]))
+    assert everything(store) == [m[0] for m in newest_first]
+    for query in (
+        Query(task=tasks.sync_record.name),
+        Query(reason="retries_exhausted"),
+        Query(task=tasks.explode.name, reason="exception"),
+    ):
+        want = [
+            m[0]
+            for m in newest_first
+            if query.task in (None, m[1]) and query.reason in (None, m[2])
+        ]
+        assert everything(store, query, limit=4) == want
+        assert store.counts().matching(query) == len(want)
+    # A single page of exactly the remaining size says there is no next page.
+    assert store.page(Query(), None, 60).next_cursor is None
+
+
+def test_since_keeps_only_failures_at_or_after_the_bound(store):
+    old = [fail(tasks.record, f"o{i}").id for i in range(3)]
+    time.sleep(0.05)
+    bound = store.server_time_ms()
+    time.sleep(0.05)
+    new = [fail(tasks.record, f"n{i}").id for i in range(4)]
+    assert everything(store, Query(since_ms=bound), limit=3) == newest_first(store, new)
+    assert set(everything(store)) == set(old + new)
+
+
+def test_a_cursor_stays_valid_after_its_entry_is_deleted(store):
+    ids = [fail(tasks.record, f"c{i}").id for i in range(10)]
+    order = newest_first(store, ids)
+    first = store.page(Query(), None, 4)
+    assert store.delete([first.entries[-1].id]) == [first.entries[-1].id]
+    rest: list[str] = []
+    cursor = first.next_cursor
+    while cursor is not None:
+        page = store.page(Query(), cursor, 4)
+        rest += [s.id for s in page.entries]
+        cursor = page.next_cursor
+    assert rest == order[4:]
+
+
+def test_a_bad_cursor_or_limit_is_a_clear_error(store):
+    with pytest.raises(ValueError, match="not a DLQ cursor"):
+        Cursor.parse("yesterday")
+    with pytest.raises(ValueError, match="between 1 and"):
+        store.page(Query(), None, 0)
+
+
+def test_delete_removes_the_entry_from_every_index_and_count(store):
+    keep = fail(tasks.record, "k")
+    gone = fail(tasks.sync_record, "g", reason=Reason.HARD_TIMEOUT)
+    assert store.delete([gone.id, "no-such-id", gone.id]) == [gone.id]
+    assert store.get(gone.id) is None
+    assert everything(store) == [keep.id]
+    counts = store.counts()
+    assert counts.total == 1 and counts.by_task == {tasks.record.name: 1}
+    assert counts.by_reason == {"exception": 1}
+    assert everything(store, Query(reason="hard_timeout")) == []
+    client = sync_client(config.current())
+    assert client.zcard(KEYS.dlq_lex) == 4  # one entry: four lex members, nothing stale
+
+
+def test_a_delete_pinned_to_an_older_failure_leaves_the_newer_one(store):
+    env = fail(tasks.record, "pinned")
+    assert store.delete([env.id], [env.fence + 1]) == []
+    assert store.delete([env.id], [env.fence]) == [env.id]
+
+
+def test_purge_deletes_only_entries_that_failed_before_the_cutoff(store):
+    old = [fail(tasks.record, f"old{i}").id for i in range(5)]
+    time.sleep(0.05)
+    cutoff = store.server_time_ms()
+    time.sleep(0.05)
+    new = [fail(tasks.record, f"new{i}").id for i in range(3)]
+    assert store.purge(cutoff, batch=2) == len(old)
+    assert set(everything(store)) == set(new)
+    assert store.purge() == 3 and store.size() == 0 and store.counts().by_task == {}
+
+
+def test_a_message_that_is_no_envelope_keeps_its_raw_body_queue_and_addressee(store):
+    untied(task="demo.record", raw="<not json>", queue="critical")
+    (summary,) = store.page(Query(reason="malformed_message")).entries
+    assert summary.task == "demo.record" and summary.queue == "critical"
+    assert summary.fence is None
+    entry = store.get(summary.id)
+    assert entry.raw == "<not json>" and entry.envelope is None
+    with pytest.raises(EntryNotReleasable, match="no envelope"):
+        release.release(app, config.current(), summary.id)
+
+
+def test_a_push_cannot_reuse_the_id_of_an_entry_in_the_dlq(store):
+    env = fail(tasks.record, "taken")
+    with pytest.raises(DuplicateTaskId, match="dead-letter queue; release it"):
+        producer.push(tasks.record.relier_spec, app, ("again",), {}, task_id=env.id)
+
+
+def test_release_leaves_the_indexes_and_a_second_failure_keeps_the_first_time(store):
+    env = fail(tasks.record, "twice")
+    first = store.get(env.id).summary
+    receipt = release.release(app, config.current(), env.id, expected_fence=first.fence)
+    assert store.size() == 0 and store.counts().by_task == {} and store.get(env.id) is None
+    # The released incarnation fails again: the same entry id, counted twice now.
+    client = sync_client(config.current())
+    fresh = decode(client.hget(KEYS.task(receipt.task_id), "env"))
+    failure = Failure(Reason.EXCEPTION, "ValueError", "again", worker="w:2")
+    time.sleep(0.01)
+    assert dlq.dead_letter(KEYS, failure, 60_000, env=fresh).run(client).accepted
+    second = store.get(env.id).summary
+    assert second.failures == 2 and second.fence == first.fence + 1
+    assert second.first_failed_at_ms == first.failed_at_ms < second.failed_at_ms
+    assert store.counts().total == 1 and everything(store) == [env.id]
+    events = [h["event"] for h in store.get(env.id).history]
+    assert events == ["dead", "released", "dead"]
+
+
+def test_a_refused_dispatch_puts_the_entry_back_in_every_index(store, monkeypatch):
+    env = fail(tasks.sync_record, "refused", reason=Reason.RETRIES_EXHAUSTED)
+    before = store.counts()
+
+    def refuse(*args, **kwargs):
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(broker, "send", refuse)
+    with pytest.raises(ConnectionError):
+        release.release(app, config.current(), env.id)
+    assert store.counts() == before
+    assert everything(store, Query(task=tasks.sync_record.name, reason="retries_exhausted")) == [
+        env.id
+    ]
+
+
+def test_a_failure_during_a_release_is_not_erased_when_the_release_completes(store):
+    """The race release_done.lua guards: the released task fails again before the
+    releasing side marks its release done. The new failure must stay."""
+    env = fail(tasks.record, "fast-fail")
+    client = sync_client(config.current())
+    # release.lua, then a dead-letter of the new incarnation, then release_done.lua.
+    nxt = dataclasses.replace(env, fence=2)
+    tail = history_tail("released", fence=2)
+    code = scripts.ScriptCall(
+        scripts.RELEASE,
+        KEYS.for_release(env.id, env.id, None),
+        [env.id, env.id, nxt.encode(), 2, env.task, env.queue, 3, 60_000, tail, ""],
+        int,
+    ).run(client)
+    assert code == 1
+    failure = Failure(Reason.EXCEPTION, "ValueError", "again")
+    assert dlq.dead_letter(KEYS, failure, 60_000, env=nxt).run(client).accepted
+    done = scripts.ScriptCall(scripts.RELEASE_DONE, KEYS.for_release_done(env.id), [2], int).run(
+        client
+    )
+    assert done == 0
+    assert store.get(env.id).fence == 2 and everything(store) == [env.id]
