@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything `make test` and `make demo` need on a fresh machine:
 # an interpreter (>= $MIN_PY, from PATH or pyenv), a venv with the package and its
-# test extra, and redis-server (apt-get when it is missing). Idempotent.
+# test extra, redis-server, and Debian's chromium + chromium-driver for the browser tests
+# (apt-get each when it is missing; Playwright drives that chromium, so it never downloads
+# a browser of its own). Idempotent.
 #
 #   VENV          venv directory                (default .venv)
 #   MIN_PY        lowest acceptable Python      (default 3.12)
@@ -73,7 +75,20 @@ ensure_redis() {
   command -v redis-server >/dev/null 2>&1 || { say "redis-server still missing after apt-get"; exit 1; }
 }
 
+ensure_chromium() {
+  # The browser tests launch this binary through Playwright's executable_path; we never run
+  # `playwright install`, so the browser comes from Debian and is updated with the system.
+  if command -v chromium >/dev/null 2>&1; then return 0; fi
+  say "chromium is not on PATH; installing chromium and chromium-driver with apt-get"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
+  command -v chromium >/dev/null 2>&1 || { say "chromium still missing after apt-get"; exit 1; }
+}
+
 ensure_venv
 ensure_packages
 ensure_redis
-say "ready: $("$VENV/bin/python" -V 2>&1), Django $("$VENV/bin/python" -c 'import django; print(django.get_version())'), $(redis-server --version | cut -d' ' -f1-3)"
+ensure_chromium
+say "ready: $("$VENV/bin/python" -V 2>&1), Django $("$VENV/bin/python" -c 'import django; print(django.get_version())'), $(redis-server --version | cut -d' ' -f1-3), $(chromium --version 2>/dev/null)"

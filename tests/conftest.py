@@ -18,7 +18,12 @@ from testproject.cluster import CeleryWorker, RedisServer
 
 TESTS_DIR = Path(__file__).resolve().parent
 
-_TIER_BY_DIR = {"unit": "unit", "integration": "integration", "chaos": "chaos"}
+_TIER_BY_DIR = {
+    "unit": "unit",
+    "integration": "integration",
+    "chaos": "chaos",
+    "browser": "browser",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
