@@ -86,6 +86,16 @@ def explode(label: str) -> None:
     raise ValueError(f"cannot process {label}")
 
 
+@rl_task(name="demo.until_fixed")
+def until_fixed(ctx: TaskContext, label: str, note: str = "") -> dict:
+    """Raises while ``demo:broken:<label>`` exists: an operator "fixes" it by deleting
+    that key, then releases the DLQ entry, and the task runs once more and commits."""
+    runs = _record(label, ctx)
+    if _redis().exists(f"demo:broken:{label}"):
+        raise ValueError(f"{label} is broken ({note})" if note else f"{label} is broken")
+    return {"label": label, "runs": runs, "fence": ctx.fence_token}
+
+
 @rl_task(name="demo.unserializable")
 def unserializable(label: str) -> object:
     _record(label)

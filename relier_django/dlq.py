@@ -1,0 +1,63 @@
+"""The DLQ as the Django layer sees it: the store and release, wired to settings.
+
+``manage.py relier_dlq`` and the admin pages both go through here, so they read the
+same settings and the same Celery app, and hold no logic of their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import current_app
+
+from . import conf
+from .core.connection import redact, sync_client
+from .core.dlq import Entry, Reason, Summary
+from .core.dlq_store import MAX_PAGE, Counts, Cursor, DeadLetterStore, Page, Query
+from .core.errors import EntryNotReleasable
+from .core.keys import KeySpace
+from .core.receipt import Receipt
+from .core.release import BulkRelease, release, release_matching
+
+__all__ = [
+    "MAX_PAGE",
+    "BulkRelease",
+    "Counts",
+    "Cursor",
+    "Entry",
+    "EntryNotReleasable",
+    "Page",
+    "Query",
+    "Reason",
+    "Summary",
+    "redis_location",
+    "release_entry",
+    "release_where",
+    "store",
+]
+
+
+def store() -> DeadLetterStore:
+    """The DLQ of the configured Redis and key prefix."""
+    cfg = conf.get_config()
+    return DeadLetterStore(sync_client(cfg), KeySpace(cfg.key_prefix))
+
+
+def redis_location() -> str:
+    """The configured Redis URL with any password hidden, for error messages."""
+    return redact(conf.get_config().redis_url)
+
+
+def _app() -> Any:
+    # The project's Celery app (made current by the usual `from .celery import app`).
+    return current_app._get_current_object()
+
+
+def release_entry(entry_id: str, expected_fence: int | None = None) -> Receipt:
+    """Release one entry; see ``core.release.release`` for what is guaranteed."""
+    return release(_app(), conf.get_config(), entry_id, expected_fence)
+
+
+def release_where(query: Query, *, dry_run: bool = False) -> BulkRelease:
+    """Release every entry matching ``query``; see ``core.release.release_matching``."""
+    return release_matching(_app(), conf.get_config(), query, dry_run=dry_run)
