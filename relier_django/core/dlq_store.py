@@ -116,6 +116,16 @@ class DeadLetterStore:
     def size(self) -> int:
         return int(self.client.zcard(self.keys.dlq))
 
+    def span(self) -> tuple[int, int] | None:
+        """The oldest and the newest failure time in the DLQ (ms), or None when empty."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.zrange(self.keys.dlq, 0, 0, withscores=True)
+            pipe.zrange(self.keys.dlq, -1, -1, withscores=True)
+            oldest, newest = pipe.execute()
+        if not oldest or not newest:
+            return None
+        return int(oldest[0][1]), int(newest[0][1])
+
     def counts(self) -> Counts:
         by_task: dict[str, int] = {}
         by_reason: dict[str, int] = {}

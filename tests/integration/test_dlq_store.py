@@ -75,6 +75,11 @@ def test_an_entry_is_indexed_counted_and_summarised_when_it_lands(store):
     assert entry.envelope["args"] == ["a1"] and entry.data["traceback"] == "Traceback ..."
     assert [h["event"] for h in entry.history] == ["dead"]
     assert entry.to_json()["failed_at"].endswith("Z")
+    assert store.span() == (summary.failed_at_ms, summary.failed_at_ms)
+
+
+def test_an_empty_dlq_has_no_span_and_no_counts(store):
+    assert store.span() is None and store.counts().total == 0 and store.page().entries == ()
 
 
 def test_cursor_pages_are_exact_newest_first_under_every_filter(store):
