@@ -6,13 +6,14 @@ same settings and the same Celery app, and hold no logic of their own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery import current_app
 
 from . import conf
 from .core.connection import redact, sync_client
-from .core.dlq import Entry, Reason, Summary
+from .core.dlq import Entry, Reason, Summary, iso
 from .core.dlq_store import MAX_PAGE, Counts, Cursor, DeadLetterStore, Page, Query
 from .core.errors import EntryNotReleasable
 from .core.keys import KeySpace
@@ -24,12 +25,14 @@ __all__ = [
     "BulkRelease",
     "Counts",
     "Cursor",
+    "DeadLetterStore",
     "Entry",
     "EntryNotReleasable",
     "Page",
     "Query",
     "Reason",
     "Summary",
+    "iso",
     "redis_location",
     "release_entry",
     "release_where",
@@ -58,6 +61,14 @@ def release_entry(entry_id: str, expected_fence: int | None = None) -> Receipt:
     return release(_app(), conf.get_config(), entry_id, expected_fence)
 
 
-def release_where(query: Query, *, dry_run: bool = False) -> BulkRelease:
-    """Release every entry matching ``query``; see ``core.release.release_matching``."""
-    return release_matching(_app(), conf.get_config(), query, dry_run=dry_run)
+def release_where(
+    query: Query, *, dry_run: bool = False, on_release: Callable[[str], None] | None = None
+) -> BulkRelease:
+    """Release every entry matching ``query``; see ``core.release.release_matching``.
+
+    ``on_release(entry_id)`` is called after each release, so a caller can report
+    progress even if a broker error stops the run part-way.
+    """
+    return release_matching(
+        _app(), conf.get_config(), query, dry_run=dry_run, on_release=on_release
+    )

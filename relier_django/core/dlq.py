@@ -164,7 +164,7 @@ class Summary:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The stable ``--json`` form of a summary (docs/dlq.md)."""
+        """The stable ``--json`` form of a summary (docs/dlq-command.md)."""
         return {
             "id": self.id,
             "task_id": self.task_id,
@@ -225,7 +225,7 @@ class Entry:
         return self.data.get("raw")
 
     def to_json(self) -> dict[str, Any]:
-        """The stable ``--json`` form of an entry (docs/dlq.md)."""
+        """The stable ``--json`` form of an entry (docs/dlq-command.md)."""
         return {
             **self.summary.to_json(),
             "exc_type": self.data.get("exc_type"),

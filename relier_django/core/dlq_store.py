@@ -116,6 +116,10 @@ class DeadLetterStore:
     def size(self) -> int:
         return int(self.client.zcard(self.keys.dlq))
 
+    def count_failed_before(self, ms: int) -> int:
+        """Entries whose latest failure is at or before ``ms`` (what ``purge`` deletes)."""
+        return int(self.client.zcount(self.keys.dlq, "-inf", ms))
+
     def span(self) -> tuple[int, int] | None:
         """The oldest and the newest failure time in the DLQ (ms), or None when empty."""
         with self.client.pipeline(transaction=True) as pipe:
@@ -159,7 +163,8 @@ class DeadLetterStore:
             low = b"(" + prefix + _inv(cursor.at_ms) + _US + cursor.entry_id.encode()
         high = b"[" + prefix + _TOP
         if query.since_ms is not None:
-            high = b"[" + prefix + _inv(query.since_ms) + _US + _TOP
+            # Before the epoch means "since always": the inverted time has 13 digits.
+            high = b"[" + prefix + _inv(max(0, query.since_ms)) + _US + _TOP
         members = self.client.zrangebylex(self.keys.dlq_lex, low, high, start=0, num=limit + 1)
         ids = [m.rsplit("\x1f", 1)[1] for m in members[:limit]]
         summaries = self._summaries(ids)

@@ -165,6 +165,7 @@ def test_purge_deletes_only_entries_that_failed_before_the_cutoff(store):
     cutoff = store.server_time_ms()
     time.sleep(0.05)
     new = [fail(tasks.record, f"new{i}").id for i in range(3)]
+    assert store.count_failed_before(cutoff) == len(old)
     assert store.purge(cutoff, batch=2) == len(old)
     assert set(everything(store)) == set(new)
     assert store.purge() == 3 and store.size() == 0 and store.counts().by_task == {}
