@@ -18,13 +18,14 @@ from django.core.management.base import CommandError
 
 from relier_django import conf
 from relier_django import dlq as django_dlq
-from relier_django.core import config, dlq, idempotency, producer
-from relier_django.core.connection import sync_client
-from relier_django.core.dlq import Failure, Reason
+from relier_django.core import dlq
+from relier_django.core.dlq import Reason
 from relier_django.core.dlq_store import DeadLetterStore
 from relier_django.core.keys import KeySpace
 from testproject.cluster import free_port
 from testproject.demo import tasks
+from tests import dlq_entries as entries
+from tests.dlq_entries import untied
 
 KEYS = KeySpace("rl")
 SUMMARY_KEYS = {
@@ -41,23 +42,8 @@ def store(redis_client) -> DeadLetterStore:
     return django_dlq.store()
 
 
-def fail(task=tasks.record, arg="x", *, reason=Reason.EXCEPTION, message="boom") -> str:
-    """Push a task (stored, not sent) and dead-letter its first incarnation; its id."""
-    client = sync_client(config.current())
-    env = producer.prepare(task.relier_spec, (arg,), {}, None)
-    assert idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client).stored
-    trace = f"Traceback (most recent call last):\n  ...\nValueError: {message}\n"
-    failure = Failure(reason, "ValueError", message, traceback=trace, worker="w1@host:1")
-    assert dlq.dead_letter(KEYS, failure, 60_000, env=env).run(client).accepted
-    return env.id
-
-
-def untied(raw: str = "<not json>") -> str:
-    """A message that is no envelope: kept raw, not releasable."""
-    client = sync_client(config.current())
-    failure = Failure(Reason.MALFORMED_MESSAGE, "NotAnEnvelope", "not an envelope")
-    assert dlq.dead_letter(KEYS, failure, 60_000, env=None, raw=raw, queue="q1").run(client)
-    return django_dlq.store().page(django_dlq.Query(reason="malformed_message")).entries[0].id
+def fail(task=tasks.record, arg="x", **failure) -> str:
+    return entries.fail(task, arg, **failure).id
 
 
 def run(*args: str) -> tuple[str, str]:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from relier_django.core import broker, config, dlq, idempotency, producer, release, scripts
+from relier_django.core import broker, config, dlq, producer, release, scripts
 from relier_django.core.connection import sync_client
 from relier_django.core.dlq import Failure, Reason
 from relier_django.core.dlq_store import Cursor, DeadLetterStore, Query
@@ -19,6 +19,7 @@ from relier_django.core.fencing import history_tail
 from relier_django.core.keys import KeySpace
 from testproject.celery import app
 from testproject.demo import tasks
+from tests.dlq_entries import fail, traceback_of, untied
 
 KEYS = KeySpace("rl")
 
@@ -26,23 +27,6 @@ KEYS = KeySpace("rl")
 @pytest.fixture
 def store(redis_client) -> DeadLetterStore:
     return DeadLetterStore(sync_client(config.current()), KEYS)
-
-
-def fail(task=tasks.record, *args, reason=Reason.EXCEPTION, message="boom", task_id=None):
-    """Push a task (stored, not sent) and dead-letter its first incarnation."""
-    client = sync_client(config.current())
-    env = producer.prepare(task.relier_spec, args or ("x",), {}, task_id)
-    assert idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client).stored
-    failure = Failure(reason, "ValueError", message, traceback="Traceback ...", worker="w:1")
-    assert dlq.dead_letter(KEYS, failure, 60_000, env=env).run(client).accepted
-    return env
-
-
-def untied(task="", raw="garbage", queue="q1", reason=Reason.MALFORMED_MESSAGE):
-    client = sync_client(config.current())
-    failure = Failure(reason, "NotAnEnvelope", "not an envelope")
-    call = dlq.dead_letter(KEYS, failure, 60_000, env=None, raw=raw, queue=queue, task=task)
-    assert call.run(client).accepted
 
 
 def everything(store: DeadLetterStore, query: Query | None = None, limit: int = 7) -> list[str]:
@@ -72,7 +56,9 @@ def test_an_entry_is_indexed_counted_and_summarised_when_it_lands(store):
     assert counts.by_task == {tasks.record.name: 1} and counts.by_reason == {"exception": 1}
     assert counts.by_reason_and_task == {("exception", tasks.record.name): 1}
     entry = store.get(env.id)
-    assert entry.envelope["args"] == ["a1"] and entry.data["traceback"] == "Traceback ..."
+    assert entry.envelope["args"] == ["a1"] and entry.data["traceback"] == traceback_of(
+        "first line\n   second line"
+    )
     assert [h["event"] for h in entry.history] == ["dead"]
     assert entry.to_json()["failed_at"].endswith("Z")
     assert store.span() == (summary.failed_at_ms, summary.failed_at_ms)

@@ -1,0 +1,58 @@
+"""The dead-letter queue in the Django admin, without a table (docs/dlq-admin.md).
+
+django-rq's pattern: the unmanaged ``DeadLetter`` model puts a "Relier" section on the
+admin index, and ``get_urls()`` replaces every ModelAdmin page with the DLQ pages of
+``admin_views``, each wrapped in ``admin_site.admin_view`` (staff login, CSRF, no cache).
+Every page needs ``relier_django.view_dlq``; release and delete also need
+``relier_django.manage_dlq``. Superusers have both.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path
+
+from . import admin_views
+from .models import MANAGE_PERMISSION, VIEW_PERMISSION, DeadLetter
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    def has_view_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        user = request.user
+        return bool(user.is_active and user.is_staff and user.has_perm(VIEW_PERMISSION))
+
+    def has_manage_permission(self, request: HttpRequest) -> bool:
+        """May release and delete entries (on top of the view permission)."""
+        return self.has_view_permission(request) and request.user.has_perm(MANAGE_PERMISSION)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        # The "Relier" section shows exactly when its one page would open.
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        def wrap(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+            bound: Any = functools.partial(view, model_admin=self)
+            return self.admin_site.admin_view(bound)
+
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        # <path:>, not <str:>: a task id (and so an entry id) may contain a slash.
+        return [
+            path("", wrap(admin_views.changelist), name=f"{info}_changelist"),
+            path("actions/", wrap(admin_views.act), name=f"{info}_actions"),
+            path("entry/<path:entry_id>/", wrap(admin_views.detail), name=f"{info}_detail"),
+        ]

@@ -1,0 +1,49 @@
+"""Fabricated DLQ entries for the store, command and admin tests: written by the real
+``dead_letter.lua`` in milliseconds, with no worker in the loop."""
+
+from __future__ import annotations
+
+from relier_django.core import config, dlq, idempotency, producer
+from relier_django.core.connection import sync_client
+from relier_django.core.dlq import Failure, Reason
+from relier_django.core.envelope import Envelope
+from relier_django.core.keys import KeySpace
+from testproject.demo import tasks
+
+
+def traceback_of(message: str) -> str:
+    return f"Traceback (most recent call last):\n  ...\nValueError: {message}\n"
+
+
+def fail(
+    task=tasks.record,
+    *args: object,
+    reason: Reason = Reason.EXCEPTION,
+    message: str = "boom",
+    task_id: str | None = None,
+) -> Envelope:
+    """Store a task as push() does (not sent) and dead-letter its first incarnation."""
+    cfg = config.current()
+    keys, client = KeySpace(cfg.key_prefix), sync_client(cfg)
+    env = producer.prepare(task.relier_spec, args or ("x",), {}, task_id)
+    assert idempotency.store(keys, env, env.encode(), 60_000, 3).run(client).stored
+    failure = Failure(reason, "ValueError", message, traceback_of(message), worker="w1@host:1")
+    assert dlq.dead_letter(keys, failure, 60_000, env=env).run(client).accepted
+    return env
+
+
+def untied(
+    raw: str = "<not json>",
+    *,
+    task: str = "",
+    queue: str = "q1",
+    reason: Reason = Reason.MALFORMED_MESSAGE,
+) -> str:
+    """Dead-letter a message that is no envelope (kept raw, not releasable); its entry id."""
+    cfg = config.current()
+    failure = Failure(reason, "NotAnEnvelope", "not an envelope")
+    call = dlq.dead_letter(
+        KeySpace(cfg.key_prefix), failure, 60_000, env=None, raw=raw, queue=queue, task=task
+    )
+    assert call.run(sync_client(cfg)).accepted
+    return str(call.args[2])  # the entry id dead_letter minted
