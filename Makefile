@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 export VENV MIN_PY DJANGO_SPEC
 
-.PHONY: setup test lint unit integration chaos demo bench tox clean
+.PHONY: setup test lint unit integration chaos browser demo bench tox clean
 
 setup:
 	@./scripts/bootstrap.sh
@@ -30,6 +30,9 @@ integration: setup
 chaos: setup
 	$(PY) -m pytest -m chaos $(PYTEST_ARGS)
 
+browser: setup
+	$(PY) -m pytest -m browser $(PYTEST_ARGS)
+
 demo: setup
 	$(PY) scripts/demo.py
 
@@ -42,4 +45,4 @@ tox: setup
 	$(VENV)/bin/tox
 
 clean:
-	rm -rf .run .tox .pytest_cache .ruff_cache *.egg-info
+	rm -rf .run .tox .pytest_cache .ruff_cache *.egg-info test-artifacts
