@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         )
         url = f"http://127.0.0.1:{args.http_port}/admin/"
         say(f"\nAdmin: {url}  login {ADMIN_USER} / {ADMIN_PASSWORD}")
+        say(f"Its dead-letter queue: {url}relier_django/deadletter/ (or: relier_dlq list)")
         say("Press Ctrl-C to stop every process this demo started.")
         server.wait()
         return 0
