@@ -26,6 +26,8 @@ _env = environ.Env()
 
 def _cast(field: dataclasses.Field[Any], raw: Any, source: str) -> Any:
     hint = typing.get_type_hints(core_config.Config)[field.name]
+    if typing.get_origin(hint) is tuple:
+        return _cast_strings(raw, source)
     base = {int: int, float: float, str: str, bool: bool}
     target = next((t for t in base if hint is t or t in typing.get_args(hint)), str)
     if raw is None or (isinstance(raw, str) and raw == "" and type(None) in typing.get_args(hint)):
@@ -36,6 +38,14 @@ def _cast(field: dataclasses.Field[Any], raw: Any, source: str) -> Any:
         return target(raw)
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(f"{source} must be a {target.__name__}, got {raw!r}") from exc
+
+
+def _cast_strings(raw: Any, source: str) -> tuple[str, ...]:
+    # A list in the settings dict; comma-separated in the environment ("a, b").
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ImproperlyConfigured(f"{source} must be a list of strings, got {raw!r}")
+    return tuple(item.strip() for item in items if item.strip())
 
 
 @functools.cache

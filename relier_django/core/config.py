@@ -8,6 +8,7 @@ with :func:`set_provider`. Code outside Django may build one by hand.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,14 @@ class Config:
     drain_timeout_s: float = 30.0
     # Socket timeout for Redis calls made by the core.
     redis_socket_timeout_s: float = 5.0
+    # Checkpoints (ctx.set_partial) up to this size live in Redis, with the task.
+    checkpoint_max_bytes: int = 65_536
+    # Larger ones go to files here (Redis keeps a reference); unset: they are refused.
+    checkpoint_dir: str | None = None
+    # Rate limiter (relier_django.ratelimit): the reverse proxies (IPs or CIDR networks)
+    # whose X-Forwarded-For is believed, and what a view does when Redis is unreachable.
+    trusted_proxies: tuple[str, ...] = ()
+    ratelimit_fail_open: bool = True
 
     def __post_init__(self) -> None:
         if self.heartbeat_ttl_s <= 0:
@@ -69,9 +78,12 @@ class Config:
                 raise ConfigError(f"{name} must be > 0")
         if self.drain_timeout_s < 0:
             raise ConfigError("drain_timeout_s must be >= 0")
+        if self.checkpoint_max_bytes < 1:
+            raise ConfigError("checkpoint_max_bytes must be >= 1")
         for name in ("max_resurrections", "max_retries", "result_ttl_s", "recovery_max_depth"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
+        _check_networks("trusted_proxies", self.trusted_proxies)
         if not self.key_prefix or any(c in self.key_prefix for c in "{} "):
             raise ConfigError("key_prefix must be non-empty, without braces or spaces")
 
@@ -82,6 +94,16 @@ class Config:
 
     def replace(self, **changes: object) -> Config:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _check_networks(name: str, values: tuple[str, ...]) -> None:
+    if not isinstance(values, tuple):  # a bare string would be read as its characters
+        raise ConfigError(f"{name} must be a tuple of IPs or CIDR networks, got {values!r}")
+    for value in values:
+        try:
+            ipaddress.ip_network(value, strict=False)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {value!r} is not an IP address or CIDR network") from exc
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))

@@ -11,6 +11,7 @@ import asyncio
 import os
 import threading
 import weakref
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -23,9 +24,13 @@ from .config import Config
 
 # A restart or a brief network cut must not fail a task's start or commit: retry
 # connection errors with backoff for about five seconds (redis-py's default gives up
-# within one). Every script is safe to re-run after an unseen success: fence checks
-# and push.lua's same-envelope check make a replay a no-op or a refusal.
+# within one). Every script these clients run is safe to re-run after an unseen
+# success: fence checks and push.lua's same-envelope check make a replay a no-op or a
+# refusal. (ratelimit.lua is not, which is why the limiter uses a fail-fast client.)
 _RETRIES = 8
+# Fail-fast clients (the view rate limiter) give up at once: a request must not wait
+# seconds for Redis, and a hit must not be counted twice by a retry after a lost reply.
+_FAST_TIMEOUT_S = 1.0
 
 
 def _backoff() -> redis.backoff.AbstractBackoff:
@@ -33,7 +38,7 @@ def _backoff() -> redis.backoff.AbstractBackoff:
 
 
 _lock = threading.Lock()
-_sync: dict[tuple[int, str], redis.Redis] = {}
+_sync: dict[tuple[int, str, bool], redis.Redis] = {}
 _async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, redis.asyncio.Redis]] = (
     weakref.WeakKeyDictionary()
 )
@@ -50,41 +55,47 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def sync_client(config: Config) -> redis.Redis:
-    """This process's client for ``config.redis_url`` (decoded str replies)."""
-    key = (os.getpid(), config.redis_url)
+def _options(config: Config, fail_fast: bool) -> dict[str, Any]:
+    timeout = min(config.redis_socket_timeout_s, _FAST_TIMEOUT_S) if fail_fast else None
+    return {
+        "decode_responses": True,
+        "socket_timeout": timeout or config.redis_socket_timeout_s,
+        "socket_connect_timeout": timeout or config.redis_socket_timeout_s,
+        "health_check_interval": 30,
+    }
+
+
+def sync_client(config: Config, *, fail_fast: bool = False) -> redis.Redis:
+    """This process's client for ``config.redis_url`` (decoded str replies).
+
+    ``fail_fast``: no retries and a short timeout, for callers that must answer now.
+    """
+    key = (os.getpid(), config.redis_url, fail_fast)
     client = _sync.get(key)
     if client is None:
         with _lock:
             client = _sync.get(key)
             if client is None:
+                retry = redis.retry.Retry(_backoff(), 0 if fail_fast else _RETRIES)
                 client = redis.Redis.from_url(
-                    config.redis_url,
-                    decode_responses=True,
-                    retry=redis.retry.Retry(_backoff(), _RETRIES),
-                    socket_timeout=config.redis_socket_timeout_s,
-                    socket_connect_timeout=config.redis_socket_timeout_s,
-                    health_check_interval=30,
+                    config.redis_url, retry=retry, **_options(config, fail_fast)
                 )
                 _sync[key] = client
     return client
 
 
-def async_client(config: Config) -> redis.asyncio.Redis:
+def async_client(config: Config, *, fail_fast: bool = False) -> redis.asyncio.Redis:
     """The running loop's client for ``config.redis_url``. Call from inside the loop."""
     loop = asyncio.get_running_loop()
     per_loop = _async.get(loop)
     if per_loop is None:
         per_loop = _async[loop] = {}
-    client = per_loop.get(config.redis_url)
+    key = f"{config.redis_url}#fast" if fail_fast else config.redis_url
+    client = per_loop.get(key)
     if client is None:
-        client = per_loop[config.redis_url] = redis.asyncio.Redis.from_url(
-            config.redis_url,
-            decode_responses=True,
-            retry=redis.asyncio.retry.Retry(_backoff(), _RETRIES),
-            socket_timeout=config.redis_socket_timeout_s,
-            socket_connect_timeout=config.redis_socket_timeout_s,
-            health_check_interval=30,
+        retry = redis.asyncio.retry.Retry(_backoff(), 0 if fail_fast else _RETRIES)
+        client = per_loop[key] = redis.asyncio.Redis.from_url(
+            config.redis_url, retry=retry, **_options(config, fail_fast)
         )
     return client
 

@@ -53,9 +53,57 @@ class DuplicateTaskId(RelierError):
     """``push(task_id=...)`` reused the id of a task that still exists, or of a DLQ entry."""
 
 
+class CheckpointTooLarge(RelierError):
+    """``ctx.set_partial(state)``: the state's JSON is larger than CHECKPOINT_MAX_BYTES
+    and no CHECKPOINT_DIR is configured to hold it in a file."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"checkpoint of {size} bytes exceeds CHECKPOINT_MAX_BYTES ({limit}); store less, "
+            "raise the limit, or set CHECKPOINT_DIR so large checkpoints go to files"
+        )
+        self.size = size
+        self.limit = limit
+
+
 class TaskLost(BaseException):
     """Raised inside a task whose incarnation was superseded (its fence moved).
 
     A ``BaseException``, like ``CancelledError``, so a task's ``except Exception``
     cannot swallow it.
     """
+
+
+class LockNotAcquired(RelierError):
+    """``with lock(...)`` could not take the lock: another holder has it, and the lock
+    is non-blocking or its ``timeout`` ran out.
+
+    Attributes:
+        name: the lock's name.
+        timeout: how long it waited, in seconds (``0.0`` for a non-blocking lock).
+    """
+
+    def __init__(self, name: str, timeout: float) -> None:
+        super().__init__(f"lock {name!r} not acquired within {timeout}s: another holder has it")
+        self.name = name
+        self.timeout = timeout
+
+
+class LockLost(BaseException):
+    """The lock this code relied on is no longer held by it: its key expired (a pause
+    longer than the TTL, Redis unreachable for a whole TTL) or now holds another token.
+
+    A ``BaseException``, like ``CancelledError`` and :class:`TaskLost`: code that ran
+    under a lock it lost must stop, and a generic ``except Exception`` in that code
+    (a retry loop, a "log and carry on") would otherwise catch the signal and keep
+    writing as if it still had exclusive access.
+
+    Attributes:
+        name: the lock's name.
+        token: the fencing token of the acquisition that was lost.
+    """
+
+    def __init__(self, name: str, token: int) -> None:
+        super().__init__(f"lock {name!r} lost (token {token}): another holder may run now")
+        self.name = name
+        self.token = token

@@ -26,10 +26,12 @@ class StartResult:
     started: bool
     refusal: str = ""  # 'gone' | 'stale' | 'started'; '' when started
     current_fence: int = -1
+    checkpoint: str = ""  # the task's latest checkpoint record, '' if none
 
 
 def _parse_start(reply: list[Any]) -> StartResult:
-    return StartResult(int(reply[0]) == 1, str(reply[1]), int(reply[2]))
+    checkpoint = str(reply[3]) if len(reply) > 3 else ""
+    return StartResult(int(reply[0]) == 1, str(reply[1]), int(reply[2]), checkpoint)
 
 
 def start(

@@ -15,6 +15,9 @@ returns its KEYS in the order its ``.lua`` header declares.
 | ``<p>:dlq:x``               | zset   | DLQ lex index for filtered, cursor-paged listings       |
 | ``<p>:dlq:n``               | hash   | DLQ counts by task, by reason, by both                  |
 | ``<p>:resurrector:leader``  | string | scanner leader lease; TTL, extended by its holder       |
+| ``<p>:lock:{name}``         | string | a named lock's holder token; TTL, extended by its holder |
+| ``<p>:lock:{name}:token``   | string | a named lock's fencing counter; no TTL, never goes back  |
+| ``<p>:rl:{<scope>:<sha256>}`` | hash | a rate limiter's window {w, c, p}; TTL 2 windows        |
 """
 
 from __future__ import annotations
@@ -66,17 +69,38 @@ class KeySpace:
     def leader(self) -> str:
         return f"{self.prefix}:resurrector:leader"
 
+    def lock(self, name: str) -> str:
+        return f"{self.prefix}:lock:{{{name}}}"
+
+    def lock_token(self, name: str) -> str:
+        # Same hash tag as the lock key: lock_acquire.lua reads both in one step.
+        return f"{self.prefix}:lock:{{{name}}}:token"
+
+    def ratelimit(self, scope: str, key: str) -> str:
+        # One fixed name per limiter: the window index lives inside the hash, because
+        # only ratelimit.lua knows it (Redis TIME). The key (an IP, a user id, any
+        # string a key function returns) is hashed like an idempotency key: bounded,
+        # brace-free, not readable in clear. The scope is a code-given name.
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return f"{self.prefix}:rl:{{{scope}:{digest}}}"
+
     def all_pattern(self) -> str:
         """A SCAN pattern matching every key of this key space."""
         return f"{self.prefix}:*"
 
     def expiring_patterns(self) -> tuple[str, ...]:
-        """Patterns of the keys that live on after a task finished, each with a TTL."""
-        return (self.result("*"), f"{self.prefix}:i:*")
+        """Patterns of the keys that live on after a task finished, each with a TTL
+        (rate limiters' windows too)."""
+        return (self.result("*"), f"{self.prefix}:i:*", f"{self.prefix}:rl:*")
 
     def owned_patterns(self) -> tuple[str, ...]:
-        """Patterns of the keys an operator or a scanner owns (no TTL by design)."""
-        return (self.dlq, self.dlq_entry("*"), self.dlq_lex, self.dlq_counts, self.leader)
+        """Patterns of the keys an operator, a scanner or a lock holder owns: they
+        outlive any task. Leases and locks carry a TTL; a lock's fencing counter has
+        none by design (a token must never go back)."""
+        return (
+            self.dlq, self.dlq_entry("*"), self.dlq_lex, self.dlq_counts, self.leader,
+            self.lock("*"), self.lock_token("*"),
+        )  # fmt: skip
 
     # -- KEYS for each script, in the order of its header -------------------------
     def for_push(self, task_id: str, idem_key: str | None) -> list[str]:
@@ -100,6 +124,9 @@ class KeySpace:
         keys = [self.task(task_id), self.history(task_id), self.expiry, self.result(task_id)]
         return [*keys, idem_key] if idem_key else keys
 
+    def for_checkpoint(self, task_id: str) -> list[str]:
+        return [self.task(task_id)]
+
     def for_retry(self, task_id: str) -> list[str]:
         return [self.task(task_id), self.history(task_id), self.expiry]
 
@@ -111,6 +138,18 @@ class KeySpace:
 
     def for_leader(self) -> list[str]:
         return [self.leader]
+
+    def for_lock_acquire(self, name: str) -> list[str]:
+        return [self.lock(name), self.lock_token(name)]
+
+    def for_lock_extend(self, name: str) -> list[str]:
+        return [self.lock(name)]
+
+    def for_lock_release(self, name: str) -> list[str]:
+        return [self.lock(name)]
+
+    def for_ratelimit(self, scope: str, key: str) -> list[str]:
+        return [self.ratelimit(scope, key)]
 
     def _released(self, entry_id: str, task_id: str) -> list[str]:
         # The keys both halves of a release touch, in their headers' order.

@@ -96,9 +96,15 @@ RELEASE = _load("release")
 RELEASE_DONE = _load("release_done")
 RELEASE_ABORT = _load("release_abort")
 DLQ_DELETE = _load("dlq_delete")
+CHECKPOINT = _load("checkpoint")
+LOCK_ACQUIRE = _load("lock_acquire")
+LOCK_EXTEND = _load("lock_extend")
+LOCK_RELEASE = _load("lock_release")
+RATELIMIT = _load("ratelimit")
 
 ALL: tuple[LuaScript, ...] = (
     PUSH, ABORT, START, HEARTBEAT, COMMIT, RETRY, DEAD_LETTER,
     RESURRECT, RESURRECTED, LEADER, LEADER_RELEASE, HANDOFF,
-    RELEASE, RELEASE_DONE, RELEASE_ABORT, DLQ_DELETE,
+    RELEASE, RELEASE_DONE, RELEASE_ABORT, DLQ_DELETE, CHECKPOINT,
+    LOCK_ACQUIRE, LOCK_EXTEND, LOCK_RELEASE, RATELIMIT,
 )  # fmt: skip

@@ -17,6 +17,8 @@
 -- ARGV[7]  history event: JSON object without its opening brace (see start.lua)
 -- ARGV[8]  task name ('' when unknown)   ARGV[9]  reason code   ARGV[10] queue
 -- ARGV[11] one-line error summary, for listings
+-- The task's latest checkpoint (field 'partial') moves into the entry, and release.lua
+-- gives it to the next incarnation.
 -- RETURNS  {1, at_ms}             dead-lettered
 --          {0, current_fence}     rejected: the fence moved (-1: the task is gone)
 -- @include _dlq_index
@@ -32,7 +34,9 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local history = {}
 local first_ms, failures = now_ms, 1
+local partial = false
 if fenced then
+  partial = redis.call('HGET', KEYS[1], 'partial')
   redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[7])
   history = redis.call('LRANGE', KEYS[2], 0, -1)
   -- A task released from the DLQ carries its earlier failures (see release.lua).
@@ -50,6 +54,9 @@ redis.call('DEL', KEYS[6])
 redis.call('HSET', KEYS[6], 'entry', ARGV[4], 'history', '[' .. table.concat(history, ',') .. ']',
   'at_ms', now_ms, 'first_ms', first_ms, 'failures', failures, 'task_id', id, 'fence', ARGV[2],
   'task', ARGV[8], 'reason', ARGV[9], 'queue', ARGV[10], 'error', ARGV[11])
+if partial then
+  redis.call('HSET', KEYS[6], 'partial', partial)
+end
 dlq_index_add(KEYS[5], KEYS[7], KEYS[8], ARGV[3], ARGV[8], ARGV[9], now_ms)
 if fenced then
   redis.call('SET', KEYS[4], ARGV[5], 'PX', tonumber(ARGV[6]))

@@ -42,13 +42,17 @@ local idem = ''
 if KEYS[9] and redis.call('SET', KEYS[9], ARGV[2], 'NX') then
   idem = KEYS[9]
 end
-local earlier = redis.call('HMGET', KEYS[2], 'first_ms', 'failures')
+local earlier = redis.call('HMGET', KEYS[2], 'first_ms', 'failures', 'partial')
 -- dlq_first_ms / dlq_failures: so that a later failure of this task shows when it
 -- first failed and how often (dead_letter.lua reads them).
 redis.call('HSET', KEYS[3],
   'env', ARGV[3], 'fence', ARGV[4], 'state', 'queued', 'attempt', 1, 'res', 0,
   'name', ARGV[5], 'queue', ARGV[6], 'idem', idem, 'created_ms', now_ms, 'maxres', ARGV[7],
   'dlq_first_ms', earlier[1] or now_ms, 'dlq_failures', earlier[2] or 1)
+if earlier[3] then
+  -- The released incarnation resumes from the failed one's last checkpoint.
+  redis.call('HSET', KEYS[3], 'partial', earlier[3])
+end
 redis.call('ZADD', KEYS[5], now_ms + tonumber(ARGV[8]), ARGV[2])
 redis.call('DEL', KEYS[8])
 dlq_index_remove(KEYS[1], KEYS[6], KEYS[7], KEYS[2], ARGV[1])

@@ -10,12 +10,13 @@
 -- ARGV[4]  heartbeat TTL, ms
 -- ARGV[5]  history event: a JSON object without its opening brace; the script
 --          prefixes {"at_ms":<server time>,
--- RETURNS  {1, '', fence}                    started
+-- RETURNS  {1, '', fence, checkpoint}        started; checkpoint: the task's latest
+--                                          (ctx.set_partial) record, or '' if none
 --          {0, 'gone', -1}                no such task (finished, dead-lettered, never stored)
 --          {0, 'stale', current_fence}    the fence has moved on
 --          {0, 'started', current_fence}  this incarnation already started elsewhere
 local id = ARGV[1]
-local current = redis.call('HGET', KEYS[1], 'fence')
+local current, partial = unpack(redis.call('HMGET', KEYS[1], 'fence', 'partial'))
 if not current then
   return {0, 'gone', -1}
 end
@@ -30,4 +31,4 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[3], 'started_ms', now_ms)
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]), id)
 redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[5])
-return {1, '', tonumber(current)}
+return {1, '', tonumber(current), partial or ''}
