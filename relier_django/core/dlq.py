@@ -13,8 +13,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from . import outcome, scripts
+from . import checkpoint, outcome, scripts
 from .envelope import Envelope, canonical
+from .errors import RelierError
 from .fencing import Transition, history_tail, parse_transition
 from .keys import KeySpace
 
@@ -192,6 +193,7 @@ class Entry:
     summary: Summary
     data: dict[str, Any]
     history: tuple[dict[str, Any], ...]
+    checkpoint_record: str = ""  # the task's last ctx.set_partial, as stored
 
     @classmethod
     def from_fields(cls, entry_id: str, f: dict[str, str]) -> Entry:
@@ -199,7 +201,16 @@ class Entry:
             Summary.from_fields(entry_id, f),
             json.loads(f["entry"]),
             tuple(json.loads(f.get("history") or "[]")),
+            f.get("partial", ""),
         )
+
+    @property
+    def checkpoint(self) -> Any:
+        """The task's last checkpoint (what a release resumes from), or None."""
+        try:
+            return checkpoint.load(self.checkpoint_record)
+        except RelierError as exc:  # a file checkpoint gone missing: say so, keep going
+            return {"unreadable": str(exc)}
 
     @property
     def id(self) -> str:
@@ -235,5 +246,6 @@ class Entry:
             "attempt": self.data.get("attempt"),
             "envelope": self.envelope,
             "raw": self.raw,
+            "checkpoint": self.checkpoint,
             "history": list(self.history),
         }

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import broker, dlq, fencing, heartbeat, outcome
+from . import broker, checkpoint, dlq, fencing, heartbeat, outcome, timeouts
 from .config import Config
 from .connection import async_client
 from .context import TaskContext
@@ -87,17 +88,24 @@ class Runner:
         # The envelope is this incarnation's own checksummed record; the task hash's
         # counters may lag it (resurrected.lua counts only after the broker's ACK).
         ctx = TaskContext(env.id, env.fence, env.attempt, env.resurrections, env.task, self.worker)
+        loop = asyncio.get_running_loop()
+        ctx._loop, ctx._save = loop, self._saver(ctx, env)
         beats = heartbeat.for_running_loop(self.config)
-        work = asyncio.get_running_loop().create_task(self._invoke(spec, ctx, env))
+        work = loop.create_task(self._invoke(spec, ctx, env, started.checkpoint))
 
         def lost() -> None:
             ctx.mark_lost()
             work.cancel()
 
         beats.add(env.id, env.fence, lost)
+        timers = timeouts.arm(spec, ctx, work)
         try:
             result = await work
         except asyncio.CancelledError:
+            if ctx.hard_timed_out:
+                beats.remove(env.id)
+                await self._dead(env, timeouts.failure(spec, self.worker))
+                return
             if ctx.is_current():
                 raise  # the worker itself is shutting down
             logger.warning(
@@ -111,13 +119,39 @@ class Runner:
             # Out of the heartbeat set before the outcome: a retry moves the fence, and
             # that must not read as this incarnation being superseded.
             beats.remove(env.id)
+            if ctx.hard_timed_out:  # it turned the cancellation into an error of its own
+                await self._dead(env, timeouts.failure(spec, self.worker))
+                return
             await self._failed(spec, env, exc)
             return
         finally:
+            timers.cancel()
             beats.remove(env.id)
+        if ctx.hard_timed_out:  # it swallowed the cancellation: still past its deadline
+            await self._dead(env, timeouts.failure(spec, self.worker))
+            return
         await self._commit(env, result)
 
-    async def _invoke(self, spec: TaskSpec, ctx: TaskContext, env: Envelope) -> Any:
+    def _saver(self, ctx: TaskContext, env: Envelope) -> Callable[[Any], Awaitable[None]]:
+        async def save(state: Any) -> None:
+            if self.config.checkpoint_dir is None:
+                stored = checkpoint.record(self.config, env.id, env.fence, state)
+            else:  # may write a file: keep the loop free
+                stored = await asyncio.to_thread(
+                    checkpoint.record, self.config, env.id, env.fence, state
+                )
+            done = await checkpoint.save(self.keys, env.id, env.fence, stored).arun(self.client)
+            if not done.accepted:
+                ctx.mark_lost()
+                raise TaskLost(f"task {env.id}: fence {env.fence} was superseded; not saved")
+
+        return save
+
+    async def _invoke(
+        self, spec: TaskSpec, ctx: TaskContext, env: Envelope, stored_checkpoint: str
+    ) -> Any:
+        if stored_checkpoint:
+            ctx._partial = checkpoint.load(stored_checkpoint)
         args = (ctx, *env.args) if spec.wants_context else env.args
         if spec.is_async:
             return await spec.fn(*args, **env.kwargs)
@@ -138,6 +172,8 @@ class Runner:
         done = await fencing.commit(self.keys, env, record, self.result_ttl_ms).arun(self.client)
         if done.accepted:
             logger.info("committed task_id=%s fence=%s", env.id, env.fence)
+            if self.config.checkpoint_dir is not None:
+                await asyncio.to_thread(checkpoint.remove_files, self.config, env.id)
         else:
             logger.warning(
                 "stale commit rejected task_id=%s fence=%s current_fence=%s",

@@ -25,6 +25,9 @@ class TaskSpec:
     max_retries: int | None = None
     retry_backoff_s: float | None = None
     retry_backoff_max_s: float | None = None
+    soft_timeout_s: float | None = None  # async def only: on_soft_timeout runs then
+    hard_timeout_s: float | None = None  # async def only: cancelled, then the DLQ
+    on_soft_timeout: Callable[..., Any] | None = None  # called with the TaskContext
 
     @property
     def is_async(self) -> bool:

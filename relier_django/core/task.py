@@ -91,6 +91,9 @@ def rl_task(
     max_retries: int | None = None,
     retry_backoff: float | None = None,
     retry_backoff_max: float | None = None,
+    soft_timeout: float | None = None,
+    hard_timeout: float | None = None,
+    on_soft_timeout: Callable[..., Any] | None = None,
 ) -> Any:
     """Declare a task that cannot be lost. Works on ``async def`` and plain ``def``.
 
@@ -112,6 +115,17 @@ def rl_task(
         max_retries: retries before the DLQ with reason ``retries_exhausted``.
         retry_backoff: base delay in seconds (exponential, with jitter).
         retry_backoff_max: cap on one delay, seconds.
+        soft_timeout: seconds after an incarnation starts when ``on_soft_timeout(ctx)``
+            runs (sync or async), while the task keeps running. ``async def`` only.
+        hard_timeout: seconds after an incarnation starts when the task is cancelled
+            (``CancelledError`` at its next ``await``; its ``finally`` blocks run) and
+            goes to the DLQ with reason ``hard_timeout`` and its latest checkpoint.
+            ``async def`` only. Each incarnation gets the full time again.
+        on_soft_timeout: the soft-timeout hook, e.g. to save a checkpoint.
+
+    Raises:
+        ValueError: timeouts on a plain ``def`` task, ``soft_timeout >= hard_timeout``,
+            a non-positive timeout, or ``on_soft_timeout`` without ``soft_timeout``.
     """
     if idempotency_key is not None and not idempotent:
         raise ValueError("idempotency_key= only makes sense with idempotent=True")
@@ -120,15 +134,26 @@ def rl_task(
     ):
         raise TypeError("retry_on must be a tuple of exception classes, e.g. (TimeoutError,)")
 
+    _check_timeouts(soft_timeout, hard_timeout, on_soft_timeout)
+
     def decorate(func: Callable[..., Any]) -> RelierTask:
         if not callable(func):
             raise TypeError(f"@rl_task decorates a function, not {func!r}")
         task_name = name or f"{func.__module__}.{func.__qualname__}"
+        if (soft_timeout or hard_timeout) and not inspect.iscoroutinefunction(func):
+            raise ValueError(
+                f"{task_name}: soft_timeout/hard_timeout need an `async def` task. A plain "
+                "def runs in a thread, which cannot be cancelled safely; make it `async def` "
+                "(run blocking parts with `await asyncio.to_thread(...)`), or check your own "
+                "deadline and call ctx.ensure_current() in its loop"
+            )
         spec = TaskSpec(
             name=task_name, fn=func, queue=queue, idempotent=idempotent,
             idempotency_key=idempotency_key, result_ttl_s=result_ttl,
             max_resurrections=max_resurrections, retry_on=retry_on, max_retries=max_retries,
             retry_backoff_s=retry_backoff, retry_backoff_max_s=retry_backoff_max,
+            soft_timeout_s=soft_timeout, hard_timeout_s=hard_timeout,
+            on_soft_timeout=on_soft_timeout,
         )  # fmt: skip
         celery_signals.connect()
         body = _make_body(func)
@@ -139,6 +164,23 @@ def rl_task(
     if fn is not None:
         return decorate(fn)
     return decorate
+
+
+def _check_timeouts(
+    soft: float | None, hard: float | None, hook: Callable[..., Any] | None
+) -> None:
+    for label, value in (("soft_timeout", soft), ("hard_timeout", hard)):
+        if value is not None and value <= 0:
+            raise ValueError(f"{label} must be > 0 seconds, got {value!r}")
+    if soft is not None and hard is not None and soft >= hard:
+        raise ValueError(
+            f"soft_timeout ({soft}) must be below hard_timeout ({hard}): the soft hook is "
+            "the warning before the hard stop"
+        )
+    if hook is not None and soft is None:
+        raise ValueError("on_soft_timeout= needs soft_timeout= (when should it run?)")
+    if hook is not None and not callable(hook):
+        raise TypeError(f"on_soft_timeout must be callable, got {hook!r}")
 
 
 def _make_body(func: Callable[..., Any]) -> Callable[..., None]:

@@ -7,6 +7,7 @@ per run, with its fence), so a test can count runs independently of commits.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import redis
@@ -157,3 +158,53 @@ def fragile(ctx: TaskContext, label: str, deaths: int) -> dict:
         "attempt": ctx.attempt,
         "resurrections": ctx.resurrections,
     }
+
+
+async def _soft_hook(ctx: TaskContext) -> None:
+    """The soft-timeout hook: note it ran, and checkpoint where the task got to."""
+    _redis().rpush(f"demo:soft:{ctx.task_id}", ctx.fence_token)
+    await ctx.aset_partial({**(ctx.get_partial() or {}), "soft_timeout": True})
+
+
+@rl_task(name="demo.slow_steps", soft_timeout=0.8, hard_timeout=2.0, on_soft_timeout=_soft_hook)
+async def slow_steps(ctx: TaskContext, label: str, steps: int, step_s: float) -> dict:
+    """Checkpoints each step; too slow for its hard timeout when steps x step_s > 2 s."""
+    _record(label, ctx)
+    try:
+        for step in range(steps):
+            await ctx.aset_partial({**(ctx.get_partial() or {}), "step": step})
+            await asyncio.sleep(step_s)
+        return {"label": label, "steps": steps}
+    finally:
+        _redis().rpush(f"demo:finally:{label}", ctx.fence_token)
+
+
+@rl_task(name="demo.resumable")
+def resumable(ctx: TaskContext, label: str, steps: int, step_s: float) -> dict:
+    """Resumes from its checkpoint: records the step each incarnation started at."""
+    start = (ctx.get_partial() or {}).get("next", 0)
+    _redis().rpush(f"demo:resumed:{label}", start)
+    for step in range(start, steps):
+        time.sleep(step_s)
+        ctx.set_partial({"next": step + 1})
+    return {"label": label, "started_at": start}
+
+
+@rl_task(name="demo.fix_then_resume")
+def fix_then_resume(ctx: TaskContext, label: str) -> dict:
+    """Checkpoints phase 1, then fails while ``demo:broken:<label>`` exists; released
+    after the fix, it resumes from the checkpoint instead of redoing phase 1."""
+    seen = ctx.get_partial()
+    _redis().rpush(f"demo:seen:{label}", json.dumps(seen))
+    if seen is None:
+        ctx.set_partial({"phase": 1})
+    if _redis().exists(f"demo:broken:{label}"):
+        raise ValueError(f"{label} is broken")
+    return {"label": label, "resumed_from": seen}
+
+
+@rl_task(name="demo.checkpoint_bytes")
+async def checkpoint_bytes(ctx: TaskContext, size: int) -> str:
+    """Saves a checkpoint of about ``size`` bytes and returns its read-back length."""
+    await ctx.aset_partial("x" * size)
+    return str(len(ctx.get_partial()))

@@ -33,7 +33,8 @@ SUMMARY_KEYS = {
     "first_failed_at", "failures",
 }  # fmt: skip
 ENTRY_KEYS = SUMMARY_KEYS | {
-    "exc_type", "exc_message", "traceback", "worker", "attempt", "envelope", "raw", "history",
+    "exc_type", "exc_message", "traceback", "worker", "attempt", "envelope", "raw", "checkpoint",
+    "history",
 }  # fmt: skip
 
 
