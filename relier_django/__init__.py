@@ -2,22 +2,36 @@
 
 Public API::
 
-    from relier_django import rl_task, TaskContext, Receipt, TaskFailed
+    from relier_django import rl_task, TaskContext, Receipt, TaskFailed, lock
 """
 
 from .core.context import TaskContext
-from .core.errors import DuplicateTaskId, RelierError, TaskFailed, TaskLost
+from .core.errors import (
+    CheckpointTooLarge,
+    DuplicateTaskId,
+    LockLost,
+    LockNotAcquired,
+    RelierError,
+    TaskFailed,
+    TaskLost,
+)
+from .core.lock import Lock, lock
 from .core.receipt import Receipt
 from .core.task import RelierTask, rl_task
 
 __all__ = [
+    "CheckpointTooLarge",
     "DuplicateTaskId",
+    "Lock",
+    "LockLost",
+    "LockNotAcquired",
     "Receipt",
     "RelierError",
     "RelierTask",
     "TaskContext",
     "TaskFailed",
     "TaskLost",
+    "lock",
     "rl_task",
 ]
 __version__ = "0.1.0.dev0"
