@@ -3,13 +3,14 @@ run, each printing its table and writing JSON to bench/results/."""
 
 import sys
 
-from bench import delivery, dlq_pages, push_overhead
+from bench import admission, delivery, dlq_pages, push_overhead
 
 # name -> (entry point, its command-line arguments)
 BENCHMARKS = {
     "push_overhead": (push_overhead.main, []),
     "delivery": (delivery.main, ["--big"]),  # 500 tasks x 5 kills, then 2,000 x 10
     "dlq_pages": (dlq_pages.main, []),  # 1,000,000 entries
+    "admission": (admission.main, []),  # against the anchor, relier 0.1.7
 }
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Public API::
 
 from .core.context import TaskContext
 from .core.errors import (
+    AdmissionRejected,
     CheckpointTooLarge,
     DuplicateTaskId,
     LockLost,
@@ -20,6 +21,7 @@ from .core.receipt import Receipt
 from .core.task import RelierTask, rl_task
 
 __all__ = [
+    "AdmissionRejected",
     "CheckpointTooLarge",
     "DuplicateTaskId",
     "Lock",

@@ -41,7 +41,10 @@ def _cast(field: dataclasses.Field[Any], raw: Any, source: str) -> Any:
 
 
 def _cast_strings(raw: Any, source: str) -> tuple[str, ...]:
-    # A list in the settings dict; comma-separated in the environment ("a, b").
+    # A list in the settings dict; comma-separated in the environment ("a, b"); a dict
+    # in the settings dict becomes "key=value" entries ({"shop.charge": "100/s"}).
+    if isinstance(raw, dict):
+        raw = [f"{k}={v}" for k, v in raw.items()]
     items = raw.split(",") if isinstance(raw, str) else raw
     if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
         raise ImproperlyConfigured(f"{source} must be a list of strings, got {raw!r}")

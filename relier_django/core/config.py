@@ -13,7 +13,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import rates
 from .errors import ConfigError
+from .rates import Rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,10 @@ class Config:
     # whose X-Forwarded-For is believed, and what a view does when Redis is unreachable.
     trusted_proxies: tuple[str, ...] = ()
     ratelimit_fail_open: bool = True
+    # Admission control on push: a rate for all pushes together ("1000/s"), and rates
+    # per task name ("shop.charge=100/s"), which win over @rl_task(rate_limit=...).
+    admission_limit: str | None = None
+    admission_task_limits: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.heartbeat_ttl_s <= 0:
@@ -84,8 +90,24 @@ class Config:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         _check_networks("trusted_proxies", self.trusted_proxies)
+        self.task_admission_limits()  # raises ConfigError on a malformed entry
+        if self.admission_limit is not None:
+            _rate("admission_limit", self.admission_limit)
         if not self.key_prefix or any(c in self.key_prefix for c in "{} "):
             raise ConfigError("key_prefix must be non-empty, without braces or spaces")
+
+    def task_admission_limits(self) -> dict[str, Rate]:
+        """``admission_task_limits`` as task name -> rate."""
+        limits: dict[str, Rate] = {}
+        for entry in self.admission_task_limits:
+            name, sep, text = entry.partition("=")
+            if not (sep and name.strip()):
+                raise ConfigError(
+                    f"admission_task_limits: {entry!r} is not 'task.name=RATE' (e.g. "
+                    "'shop.charge=100/s')"
+                )
+            limits[name.strip()] = _rate(f"admission_task_limits[{name.strip()}]", text)
+        return limits
 
     @property
     def heartbeat_every_s(self) -> float:
@@ -94,6 +116,13 @@ class Config:
 
     def replace(self, **changes: object) -> Config:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _rate(name: str, text: str) -> Rate:
+    try:
+        return rates.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from exc
 
 
 def _check_networks(name: str, values: tuple[str, ...]) -> None:

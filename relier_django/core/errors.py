@@ -53,6 +53,22 @@ class DuplicateTaskId(RelierError):
     """``push(task_id=...)`` reused the id of a task that still exists, or of a DLQ entry."""
 
 
+class AdmissionRejected(RelierError):
+    """``push()`` refused by admission control: nothing was stored or sent.
+
+    Attributes:
+        task: the task's name.
+        retry_after_s: seconds until the full window resets (the live TTL of its counter).
+    """
+
+    def __init__(self, task: str, retry_after_s: float) -> None:
+        super().__init__(
+            f"{task}: too many pushes, admission refused; retry after {retry_after_s:.3f} s"
+        )
+        self.task = task
+        self.retry_after_s = retry_after_s
+
+
 class CheckpointTooLarge(RelierError):
     """``ctx.set_partial(state)``: the state's JSON is larger than CHECKPOINT_MAX_BYTES
     and no CHECKPOINT_DIR is configured to hold it in a file."""

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import scripts
+from .admission import Limit
+from .admission import script_args as admission_args
 from .envelope import Envelope, canonical
 from .keys import KeySpace
 
@@ -33,24 +35,34 @@ class StoreResult:
     task_id: str  # the new task, or the one that holds the idempotency claim
     id_taken: bool = False  # a live task has this id
     id_in_dlq: bool = False  # a DLQ entry has this id
+    refused_for_s: float = 0.0  # > 0: admission control refused it; retry after this
 
 
 def _parse_store(reply: list[Any]) -> StoreResult:
-    code, task_id = int(reply[0]), str(reply[1])
+    code = int(reply[0])
+    if code == -3:
+        return StoreResult(False, "", refused_for_s=int(reply[1]) / 1000)
+    task_id = str(reply[1])
     return StoreResult(code == 1, task_id, id_taken=code == -1, id_in_dlq=code == -2)
 
 
 def store(
-    keys: KeySpace, envelope: Envelope, encoded: str, queued_grace_ms: int, max_resurrections: int
+    keys: KeySpace,
+    envelope: Envelope,
+    encoded: str,
+    queued_grace_ms: int,
+    max_resurrections: int,
+    admission: Sequence[Limit] = (),
 ) -> scripts.ScriptCall[StoreResult]:
-    """push.lua: claim (if idempotent), store the envelope, mint fence 1."""
+    """push.lua: admit (if limited), claim (if idempotent), store, mint fence 1."""
     idem = keys.idempotency(envelope.task, envelope.idem_key) if envelope.idem_key else None
     return scripts.ScriptCall(
         scripts.PUSH,
-        keys.for_push(envelope.id, idem),
-        [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms, max_resurrections],
+        keys.for_push(envelope.id, idem, [limit.key for limit in admission]),
+        [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms, max_resurrections,
+         *admission_args(admission)],
         _parse_store,
-    )
+    )  # fmt: skip
 
 
 def abort(keys: KeySpace, envelope: Envelope) -> scripts.ScriptCall[bool]:

@@ -9,6 +9,7 @@ returns its KEYS in the order its ``.lua`` header declares.
 | ``<p>:h:{id}``              | list   | incarnation history; deleted by commit, copied to DLQ   |
 | ``<p>:r:{id}``              | string | the outcome a receipt reads; TTL ``result_ttl_s``       |
 | ``<p>:i:<task>:<sha256>``   | string | idempotency claim -> task id; TTL set at commit, CAD'd  |
+| ``<p>:adm:all``, ``:adm:t:<task>`` | string | push admission counters; TTL: rest of window |
 | ``<p>:expiry``              | zset   | task id -> deadline (ms, Redis clock); the scan index   |
 | ``<p>:dlq``                 | zset   | DLQ entry id -> dead-lettered at (ms): the time index   |
 | ``<p>:dlq:e:{id}``          | hash   | one DLQ entry; deleted only by release, delete, purge   |
@@ -23,6 +24,7 @@ returns its KEYS in the order its ``.lua`` header declares.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -45,6 +47,13 @@ class KeySpace:
         # never share a claim. Hashed so any user string makes a bounded, safe key.
         digest = hashlib.sha256(key.encode()).hexdigest()
         return f"{self.prefix}:i:{task_name}:{digest}"
+
+    @property
+    def admission_all(self) -> str:
+        return f"{self.prefix}:adm:all"
+
+    def admission_task(self, task_name: str) -> str:
+        return f"{self.prefix}:adm:t:{task_name}"
 
     @property
     def expiry(self) -> str:
@@ -90,8 +99,13 @@ class KeySpace:
 
     def expiring_patterns(self) -> tuple[str, ...]:
         """Patterns of the keys that live on after a task finished, each with a TTL
-        (rate limiters' windows too)."""
-        return (self.result("*"), f"{self.prefix}:i:*", f"{self.prefix}:rl:*")
+        (rate limiters' windows and admission counters too)."""
+        return (
+            self.result("*"),
+            f"{self.prefix}:i:*",
+            f"{self.prefix}:rl:*",
+            f"{self.prefix}:adm:*",
+        )
 
     def owned_patterns(self) -> tuple[str, ...]:
         """Patterns of the keys an operator, a scanner or a lock holder owns: they
@@ -103,8 +117,11 @@ class KeySpace:
         )  # fmt: skip
 
     # -- KEYS for each script, in the order of its header -------------------------
-    def for_push(self, task_id: str, idem_key: str | None) -> list[str]:
+    def for_push(
+        self, task_id: str, idem_key: str | None, admission: Sequence[str] = ()
+    ) -> list[str]:
         keys = [self.task(task_id), self.history(task_id), self.expiry, self.dlq_entry(task_id)]
+        keys += admission
         return [*keys, idem_key] if idem_key else keys
 
     def for_abort(self, task_id: str, idem_key: str | None) -> list[str]:

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import bridge, broker, config, idempotency
+from . import admission, bridge, broker, config, idempotency
 from .connection import async_client, sync_client
 from .envelope import Envelope, canonical
-from .errors import DuplicateTaskId
+from .errors import AdmissionRejected, DuplicateTaskId
 from .keys import KeySpace
 from .receipt import Receipt
 from .scripts import ScriptCall
@@ -82,10 +82,18 @@ class _Push:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
         limit = self.spec.max_resurrections
         limit = self.cfg.max_resurrections if limit is None else limit
-        return idempotency.store(self.keys, self.env, self.encoded, grace_ms, limit)
+        gates = admission.limits(self.keys, self.cfg, self.spec.name, self.spec.rate_limit)
+        return idempotency.store(self.keys, self.env, self.encoded, grace_ms, limit, gates)
 
     def duplicate(self, stored: idempotency.StoreResult) -> Receipt | None:
         """The receipt of an idempotent duplicate, or None when this push was stored."""
+        if stored.refused_for_s > 0:
+            logger.warning(
+                "push refused by admission control task=%s retry_after_s=%.3f",
+                self.env.task,
+                stored.refused_for_s,
+            )
+            raise AdmissionRejected(self.env.task, stored.refused_for_s)
         if stored.id_taken:
             raise DuplicateTaskId(f"a task with id {self.env.id!r} already exists")
         if stored.id_in_dlq:

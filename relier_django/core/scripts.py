@@ -97,6 +97,7 @@ RELEASE_DONE = _load("release_done")
 RELEASE_ABORT = _load("release_abort")
 DLQ_DELETE = _load("dlq_delete")
 CHECKPOINT = _load("checkpoint")
+ADMIT = _load("admit")
 LOCK_ACQUIRE = _load("lock_acquire")
 LOCK_EXTEND = _load("lock_extend")
 LOCK_RELEASE = _load("lock_release")
@@ -105,6 +106,6 @@ RATELIMIT = _load("ratelimit")
 ALL: tuple[LuaScript, ...] = (
     PUSH, ABORT, START, HEARTBEAT, COMMIT, RETRY, DEAD_LETTER,
     RESURRECT, RESURRECTED, LEADER, LEADER_RELEASE, HANDOFF,
-    RELEASE, RELEASE_DONE, RELEASE_ABORT, DLQ_DELETE, CHECKPOINT,
+    RELEASE, RELEASE_DONE, RELEASE_ABORT, DLQ_DELETE, CHECKPOINT, ADMIT,
     LOCK_ACQUIRE, LOCK_EXTEND, LOCK_RELEASE, RATELIMIT,
 )  # fmt: skip

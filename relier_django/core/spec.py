@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .idempotency import KeyOption
+from .rates import Rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,7 @@ class TaskSpec:
     soft_timeout_s: float | None = None  # async def only: on_soft_timeout runs then
     hard_timeout_s: float | None = None  # async def only: cancelled, then the DLQ
     on_soft_timeout: Callable[..., Any] | None = None  # called with the TaskContext
+    rate_limit: Rate | None = None  # push admission for this task (settings win)
 
     @property
     def is_async(self) -> bool:

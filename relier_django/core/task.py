@@ -10,6 +10,7 @@ from celery import Task, shared_task
 
 from . import bridge, celery_signals, config, producer
 from .idempotency import KeyOption
+from .rates import Rate
 from .receipt import Receipt
 from .runner import Runner
 from .spec import TaskSpec
@@ -94,6 +95,7 @@ def rl_task(
     soft_timeout: float | None = None,
     hard_timeout: float | None = None,
     on_soft_timeout: Callable[..., Any] | None = None,
+    rate_limit: str | None = None,
 ) -> Any:
     """Declare a task that cannot be lost. Works on ``async def`` and plain ``def``.
 
@@ -122,10 +124,16 @@ def rl_task(
             goes to the DLQ with reason ``hard_timeout`` and its latest checkpoint.
             ``async def`` only. Each incarnation gets the full time again.
         on_soft_timeout: the soft-timeout hook, e.g. to save a checkpoint.
+        rate_limit: admission control for pushes of this task, e.g. ``"100/s"`` (a
+            fixed window): over it, ``push()`` raises ``AdmissionRejected`` with
+            ``retry_after_s`` and nothing is stored or sent. The setting
+            ``ADMISSION_TASK_LIMITS`` wins over it. Unlike Celery's own ``rate_limit``
+            (which slows execution on each worker), this refuses work at the door.
 
     Raises:
         ValueError: timeouts on a plain ``def`` task, ``soft_timeout >= hard_timeout``,
-            a non-positive timeout, or ``on_soft_timeout`` without ``soft_timeout``.
+            a non-positive timeout, ``on_soft_timeout`` without ``soft_timeout``, or a
+            ``rate_limit`` that is not a rate.
     """
     if idempotency_key is not None and not idempotent:
         raise ValueError("idempotency_key= only makes sense with idempotent=True")
@@ -135,6 +143,7 @@ def rl_task(
         raise TypeError("retry_on must be a tuple of exception classes, e.g. (TimeoutError,)")
 
     _check_timeouts(soft_timeout, hard_timeout, on_soft_timeout)
+    own_rate = Rate.parse(rate_limit) if rate_limit is not None else None
 
     def decorate(func: Callable[..., Any]) -> RelierTask:
         if not callable(func):
@@ -153,7 +162,7 @@ def rl_task(
             max_resurrections=max_resurrections, retry_on=retry_on, max_retries=max_retries,
             retry_backoff_s=retry_backoff, retry_backoff_max_s=retry_backoff_max,
             soft_timeout_s=soft_timeout, hard_timeout_s=hard_timeout,
-            on_soft_timeout=on_soft_timeout,
+            on_soft_timeout=on_soft_timeout, rate_limit=own_rate,
         )  # fmt: skip
         celery_signals.connect()
         body = _make_body(func)

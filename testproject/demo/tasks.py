@@ -208,3 +208,10 @@ async def checkpoint_bytes(ctx: TaskContext, size: int) -> str:
     """Saves a checkpoint of about ``size`` bytes and returns its read-back length."""
     await ctx.aset_partial("x" * size)
     return str(len(ctx.get_partial()))
+
+
+@rl_task(name="demo.limited", rate_limit="3/m")
+def limited(label: str) -> str:
+    """Admission-controlled: at most 3 pushes a minute are accepted."""
+    _record(label)
+    return label

@@ -6,7 +6,8 @@
 -- KEYS[2]  history list         <p>:h:{id}
 -- KEYS[3]  expiry index (zset)  <p>:expiry
 -- KEYS[4]  DLQ entry hash       <p>:dlq:e:{id}
--- KEYS[5]  idempotency key      <p>:i:<task>:<sha256>   (only for idempotent tasks)
+-- KEYS[5..4+n]  admission counters (n = ARGV[7]; global, per task), see _admission.lua
+-- KEYS[5+n]     idempotency key <p>:i:<task>:<sha256>   (only for idempotent tasks)
 -- ARGV[1]  task id
 -- ARGV[2]  envelope, canonical JSON, fence 1
 -- ARGV[3]  task name
@@ -14,12 +15,18 @@
 -- ARGV[5]  queued grace, ms: a stored task not started by then is re-dispatched (fenced),
 --          which covers a producer that dies between this script and the broker send
 -- ARGV[6]  max resurrections for this task
+-- ARGV[7]  n, the number of admission counters (0: admission control is off)
+-- ARGV[8+2i], ARGV[9+2i]  limit and window (ms) of admission counter i (0-based)
 -- RETURNS  {1, id}        stored, fence 1 minted
 --          {0, other_id}  idempotent duplicate: other_id holds the claim
 --          {-1, id}       a task with this id already exists (caller-chosen id reused)
 --          {-2, id}       a DLQ entry holds this id: release or delete it first (an
 --                         entry and a live task never share an id)
--- Re-running the same call (a client retry after a lost reply) returns {1, id} again.
+--          {-3, wait_ms}  refused by admission control: nothing stored, nothing
+--                         counted; retry after wait_ms. Duplicates are not counted.
+-- Re-running the same call (a client retry after a lost reply) returns {1, id} again,
+-- without counting it twice.
+-- @include _admission
 local id = ARGV[1]
 local existing = redis.call('HGET', KEYS[1], 'env')
 if existing then
@@ -31,21 +38,30 @@ end
 if redis.call('EXISTS', KEYS[4]) == 1 then
   return {-2, id}
 end
-if KEYS[5] then
-  local holder = redis.call('GET', KEYS[5])
+local n = tonumber(ARGV[7] or '0')
+local idem = KEYS[5 + n]
+if idem then
+  local holder = redis.call('GET', idem)
   if holder then
     return {0, holder}
   end
 end
+if n > 0 then
+  local wait = admission_wait_ms(5, n, 8)
+  if wait > 0 then
+    return {-3, wait}
+  end
+  admission_count(5, n, 8)
+end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if KEYS[5] then
+if idem then
   -- No TTL while unfinished: commit gives it one, failure deletes it (compare-and-delete).
-  redis.call('SET', KEYS[5], id)
+  redis.call('SET', idem, id)
 end
 redis.call('HSET', KEYS[1],
   'env', ARGV[2], 'fence', 1, 'state', 'queued', 'attempt', 1, 'res', 0,
-  'name', ARGV[3], 'queue', ARGV[4], 'idem', KEYS[5] or '', 'created_ms', now_ms,
+  'name', ARGV[3], 'queue', ARGV[4], 'idem', idem or '', 'created_ms', now_ms,
   'maxres', ARGV[6])
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[5]), id)
 return {1, id}
