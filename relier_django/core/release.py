@@ -64,6 +64,12 @@ def release(app: Any, config: Config, entry_id: str, expected_fence: int | None 
     entry = DeadLetterStore(client, keys).get(entry_id)
     if entry is None:
         raise EntryNotReleasable(entry_id, "no such entry in the dead-letter queue")
+    if expected_fence is not None and entry.fence != expected_fence:
+        raise EntryNotReleasable(
+            entry_id,
+            f"no such entry in the dead-letter queue holding the failure at fence "
+            f"{expected_fence} (it holds fence {entry.fence})",
+        )
     env = _envelope(entry_id, entry)
     fresh = dataclasses.replace(env, fence=env.fence + 1, attempt=1, resurrections=0)
     encoded = fresh.encode()
@@ -75,14 +81,15 @@ def release(app: Any, config: Config, entry_id: str, expected_fence: int | None 
         keys.for_release(entry_id, env.id, idem),
         [entry_id, env.id, encoded, fresh.fence, env.task, env.queue,
          _max_resurrections(app, env.task, config), grace_ms, tail,
-         "" if expected_fence is None else expected_fence],
+         # Always the failure just read: the new fence is derived from its envelope,
+         # so a newer failure landing before the script runs must refuse this release.
+         env.fence],
         int,
     ).run(client)  # fmt: skip
     if code == 0:
         raise EntryNotReleasable(
             entry_id,
-            "no such entry in the dead-letter queue"
-            + ("" if expected_fence is None else f" holding the failure at fence {expected_fence}"),
+            f"no such entry in the dead-letter queue holding the failure at fence {env.fence}",
         )
     if code == -1:
         raise EntryNotReleasable(entry_id, f"task {env.id} is live again; it was not re-created")

@@ -220,7 +220,7 @@ def test_a_failure_during_a_release_is_not_erased_when_the_release_completes(sto
     code = scripts.ScriptCall(
         scripts.RELEASE,
         KEYS.for_release(env.id, env.id, None),
-        [env.id, env.id, nxt.encode(), 2, env.task, env.queue, 3, 60_000, tail, ""],
+        [env.id, env.id, nxt.encode(), 2, env.task, env.queue, 3, 60_000, tail, 1],
         int,
     ).run(client)
     assert code == 1
@@ -231,3 +231,17 @@ def test_a_failure_during_a_release_is_not_erased_when_the_release_completes(sto
     )
     assert done == 0
     assert store.get(env.id).fence == 2 and everything(store) == [env.id]
+
+
+def test_a_release_built_from_a_stale_read_is_refused_not_given_a_reused_fence(store, monkeypatch):
+    """release() reads the entry, then runs release.lua: if the task failed again in
+    between, the new incarnation's fence (derived from the read) would not be above the
+    newer failure's. The script must refuse it, even without an expected fence."""
+    env = fail(tasks.record, "stale-read")
+    stale = store.get(env.id)
+    client = sync_client(config.current())
+    client.hset(KEYS.dlq_entry(env.id), "fence", env.fence + 1)  # a later failure landed
+    monkeypatch.setattr(DeadLetterStore, "get", lambda self, entry_id: stale)
+    with pytest.raises(EntryNotReleasable, match="holding the failure at fence 1"):
+        release.release(app, config.current(), env.id)
+    assert store.size() == 1 and not client.exists(KEYS.task(env.id))

@@ -14,9 +14,9 @@
 -- ARGV[4]  its fence   ARGV[5]  task name   ARGV[6]  queue   ARGV[7]  max resurrections
 -- ARGV[8]  queued grace, ms
 -- ARGV[9]  history event: JSON object without its opening brace (see start.lua)
--- ARGV[10] the fence of the failure the caller means to release, or '' for whichever
---          failure is there now (a task that failed again after a release gets a new
---          entry under the same id, with a higher fence)
+-- ARGV[10] the fence of the failure the caller read and built ARGV[3] from (a task
+--          that failed again after a release gets a new entry under the same id, with a
+--          higher fence: releasing it from the older read would reuse a fence)
 -- RETURNS  1 re-created: publish the envelope now
 --          0 no such entry in the DLQ (already released, deleted, never there, or now
 --            holding a later failure than the caller asked for)
@@ -25,7 +25,7 @@
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false then
   return 0
 end
-if ARGV[10] ~= '' and redis.call('HGET', KEYS[2], 'fence') ~= ARGV[10] then
+if redis.call('HGET', KEYS[2], 'fence') ~= ARGV[10] then
   return 0
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
