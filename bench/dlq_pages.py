@@ -42,13 +42,6 @@ def fill(client, keys, n: int) -> float:
     return time.perf_counter() - started
 
 
-def lex_bounds(task: str, cursor) -> tuple[bytes, bytes]:
-    """The bounds DeadLetterStore.page sends for a by-task page after ``cursor``."""
-    prefix = b"t\x1f" + task.encode() + b"\x1f"
-    inv = b"%013d" % (9999999999999 - cursor.at_ms)
-    return b"(" + prefix + inv + b"\x1f" + cursor.entry_id.encode(), b"[" + prefix + b"\xff"
-
-
 def timed(fn, samples: int) -> dict[str, float]:
     fn()  # warm up (connection, code paths)
     runs = []
@@ -68,7 +61,7 @@ def main() -> None:
     with private_redis() as server:
         import redis
 
-        from relier_django.core.dlq_store import Cursor, DeadLetterStore, Query
+        from relier_django.core.dlq_store import Cursor, DeadLetterStore, Query, lex_range
         from relier_django.core.keys import KeySpace
 
         keys = KeySpace("rl")
@@ -80,9 +73,8 @@ def main() -> None:
         store = DeadLetterStore(client, keys)
         depth = int(args.entries * 0.9)
         # One O(N) walk, only to find a cursor that deep; a real caller gets it from a page.
-        member = client.zrangebylex(keys.dlq_lex, "[a\x1f", "[a\x1f\xff", start=depth, num=1)[0]
-        _, inv, entry_id = member.split("\x1f")
-        deep = Cursor(9999999999999 - int(inv), entry_id)
+        everything = lex_range(Query(), None)
+        deep = Cursor.after(client.zrangebylex(keys.dlq_lex, *everything, start=depth, num=1)[0])
         task, reason = TASKS[3], "unknown_task"  # entry i has TASKS[i % 20], reasons[i % 4]
         cases = {
             "top page, no filter": lambda: store.page(Query(), None, 50),
@@ -96,7 +88,7 @@ def main() -> None:
             # on the time index is O(log N) too (Redis skiplists keep spans), but only
             # unfiltered; a filtered offset would have to read every entry above it.
             f"index step only: cursor at depth {depth:,}, by task": lambda: client.zrangebylex(
-                keys.dlq_lex, *lex_bounds(task, deep), start=0, num=51
+                keys.dlq_lex, *lex_range(Query(task=task), deep), start=0, num=51
             ),
             f"index step only: rank offset {depth:,}, no filter": lambda: client.zrevrange(
                 keys.dlq, depth, depth + 49

@@ -59,6 +59,12 @@ class Cursor:
         return f"{self.at_ms}:{self.entry_id}"
 
     @classmethod
+    def after(cls, member: str) -> Cursor:
+        """The cursor just past a lex index member (``...US<inv>US<id>``)."""
+        *_, inv, entry_id = member.split("\x1f")
+        return cls(_INV - int(inv), entry_id)
+
+    @classmethod
     def parse(cls, text: str) -> Cursor:
         at, sep, entry_id = text.partition(":")
         if not (sep and at.isdigit() and entry_id):
@@ -92,6 +98,19 @@ class Counts:
         if query.reason is not None:
             return self.by_reason.get(query.reason, 0)
         return self.total
+
+
+def lex_range(query: Query, cursor: Cursor | None) -> tuple[bytes, bytes]:
+    """The ZRANGEBYLEX bounds of ``query``'s entries after ``cursor``, newest first."""
+    prefix = query.prefix()
+    low = b"[" + prefix
+    if cursor is not None:
+        low = b"(" + prefix + _inv(cursor.at_ms) + _US + cursor.entry_id.encode()
+    high = b"[" + prefix + _TOP
+    if query.since_ms is not None:
+        # Before the epoch means "since always": the inverted time has 13 digits.
+        high = b"[" + prefix + _inv(max(0, query.since_ms)) + _US + _TOP
+    return low, high
 
 
 class DeadLetterStore:
@@ -157,20 +176,12 @@ class DeadLetterStore:
         """
         if not 1 <= limit <= MAX_PAGE:
             raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
-        prefix = query.prefix()
-        low = b"[" + prefix
-        if cursor is not None:
-            low = b"(" + prefix + _inv(cursor.at_ms) + _US + cursor.entry_id.encode()
-        high = b"[" + prefix + _TOP
-        if query.since_ms is not None:
-            # Before the epoch means "since always": the inverted time has 13 digits.
-            high = b"[" + prefix + _inv(max(0, query.since_ms)) + _US + _TOP
+        low, high = lex_range(query, cursor)
         members = self.client.zrangebylex(self.keys.dlq_lex, low, high, start=0, num=limit + 1)
         ids = [m.rsplit("\x1f", 1)[1] for m in members[:limit]]
         summaries = self._summaries(ids)
         more = len(members) > limit
-        last = members[limit - 1].split("\x1f") if more else None
-        nxt = Cursor(_INV - int(last[-2]), last[-1]) if last else None
+        nxt = Cursor.after(members[limit - 1]) if more else None
         return Page(tuple(summaries), nxt)
 
     def _summaries(self, ids: Sequence[str]) -> list[Summary]:
