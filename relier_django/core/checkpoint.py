@@ -85,7 +85,8 @@ def save(keys: KeySpace, task_id: str, fence: int, stored: str) -> scripts.Scrip
     )
 
 
-def remove_files(config: Config, task_id: str) -> None:
-    """Delete a task's checkpoint files (after its commit, or its DLQ entry's delete)."""
-    if config.checkpoint_dir is not None:
-        shutil.rmtree(_task_dir(config.checkpoint_dir, task_id), ignore_errors=True)
+def remove_files(directory: str | None, task_id: str) -> None:
+    """Delete a task's checkpoint files (after its commit, or its DLQ entry's delete);
+    ``directory`` is the ``checkpoint_dir`` in force (None: there are no files)."""
+    if directory is not None:
+        shutil.rmtree(_task_dir(directory, task_id), ignore_errors=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from . import scripts
+from . import checkpoint, scripts
 from .dlq import SUMMARY_FIELDS, Entry, Summary
 from .keys import KeySpace
 
@@ -119,11 +119,16 @@ class DeadLetterStore:
     Args:
         client: a client with decoded (str) replies, as ``connection.sync_client``.
         keys: the key space (``KeySpace(config.key_prefix)``).
+        checkpoint_dir: ``config.checkpoint_dir``: where a deleted entry's checkpoint
+            files are removed from.
     """
 
-    def __init__(self, client: redis.Redis, keys: KeySpace) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: KeySpace, checkpoint_dir: str | None = None
+    ) -> None:
         self.client = client
         self.keys = keys
+        self.checkpoint_dir = checkpoint_dir
 
     def get(self, entry_id: str) -> Entry | None:
         """The whole entry, or None if no entry has this id (or it is being released)."""
@@ -248,4 +253,7 @@ class DeadLetterStore:
         for entry_id, fence in wanted.items():
             args += [entry_id, "" if fence is None else fence]
         done = scripts.DLQ_DELETE.run(self.client, self.keys.for_dlq_delete(ids), args)
-        return [entry_id for entry_id, ok in zip(ids, done, strict=True) if int(ok)]
+        deleted = [entry_id for entry_id, ok in zip(ids, done, strict=True) if int(ok)]
+        for entry_id in deleted:  # the entry id is its task's id
+            checkpoint.remove_files(self.checkpoint_dir, entry_id)
+        return deleted

@@ -173,7 +173,7 @@ class Runner:
         if done.accepted:
             logger.info("committed task_id=%s fence=%s", env.id, env.fence)
             if self.config.checkpoint_dir is not None:
-                await asyncio.to_thread(checkpoint.remove_files, self.config, env.id)
+                await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
         else:
             logger.warning(
                 "stale commit rejected task_id=%s fence=%s current_fence=%s",

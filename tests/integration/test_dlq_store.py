@@ -245,3 +245,19 @@ def test_a_release_built_from_a_stale_read_is_refused_not_given_a_reused_fence(s
     with pytest.raises(EntryNotReleasable, match="holding the failure at fence 1"):
         release.release(app, config.current(), env.id)
     assert store.size() == 1 and not client.exists(KEYS.task(env.id))
+
+
+def test_deleting_or_purging_an_entry_removes_its_checkpoint_files(redis_client, tmp_path):
+    from relier_django.core import checkpoint
+    from relier_django.core.config import Config
+
+    files = Config(checkpoint_dir=str(tmp_path), checkpoint_max_bytes=1)
+    envs = [fail(tasks.record, f"files{i}") for i in range(3)]
+    for env in envs:  # a large checkpoint each, as a task with CHECKPOINT_DIR writes it
+        checkpoint.record(files, env.id, env.fence, {"rows": list(range(10))})
+    store = DeadLetterStore(sync_client(config.current()), KEYS, str(tmp_path))
+    assert len(list(tmp_path.rglob("*.json"))) == 3
+    assert store.delete([envs[0].id]) == [envs[0].id]
+    assert len(list(tmp_path.rglob("*.json"))) == 2
+    assert store.purge() == 2
+    assert list(tmp_path.rglob("*.json")) == []
