@@ -215,3 +215,18 @@ def limited(label: str) -> str:
     """Admission-controlled: at most 3 pushes a minute are accepted."""
     _record(label)
     return label
+
+
+def _broken_hook(ctx: TaskContext) -> None:
+    raise RuntimeError("the soft hook itself failed")
+
+
+@rl_task(name="demo.stubborn", soft_timeout=0.3, hard_timeout=1.0, on_soft_timeout=_broken_hook)
+async def stubborn(ctx: TaskContext, label: str) -> str:
+    """Swallows its cancellation and returns anyway; its soft hook raises."""
+    _record(label, ctx)
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        return "swallowed"
+    return "slept"

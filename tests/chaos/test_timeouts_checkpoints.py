@@ -113,3 +113,14 @@ def test_a_superseded_incarnation_cannot_overwrite_the_checkpoint(redis_client):
     refused = checkpoint.save(KEYS, env.id, env.fence, '{"inline":2}').run(client)
     assert not refused.accepted and refused.value == env.fence + 1
     assert client.hget(KEYS.task(env.id), "partial") == '{"inline":1}'
+
+
+def test_a_task_that_swallows_its_cancellation_is_still_dead_lettered(worker, redis_client):
+    receipt = tasks.stubborn.push("stubborn")
+    with pytest.raises(TaskFailed) as failed:
+        receipt.get(timeout=30)
+    assert failed.value.reason == "hard_timeout"  # not the "swallowed" it returned
+    log = worker.log_text()
+    # The hook raised: logged as the hook's failure, not the task's.
+    assert "on_soft_timeout failed task_id=" in log and "the soft hook itself failed" in log
+    assert decoded().llen("demo:exec:stubborn") == 1

@@ -132,3 +132,17 @@ def test_malformed_limits_are_configuration_errors():
         Config(admission_task_limits=("shop.charge 100/s",))
     with pytest.raises(ValueError, match='a rate looks like "5/m"'):
         rl_task(name="t.bad_rate", rate_limit="fast")
+
+
+def test_a_replayed_push_is_not_counted_twice(limits):
+    """A client retry after a lost reply re-runs push.lua with the same envelope."""
+    from relier_django.core import idempotency, producer
+
+    limits(ADMISSION_LIMIT="5/m")
+    cfg = config.current()
+    env = producer.prepare(tasks.record.relier_spec, ("replayed",), {})
+    gates = admission.limits(KEYS, cfg, tasks.record.name, None)
+    client = sync_client(cfg)
+    for _ in range(3):
+        assert idempotency.store(KEYS, env, env.encode(), 60_000, 3, gates).run(client).stored
+    assert client.get(KEYS.admission_all) == "1"
