@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Generic, TypeVar
 
@@ -26,10 +26,11 @@ class LuaScript:
 
     name: str
     source: str
+    sha: str = field(init=False, compare=False)
 
-    @property
-    def sha(self) -> str:
-        return hashlib.sha1(self.source.encode()).hexdigest()  # Redis names scripts by SHA-1
+    def __post_init__(self) -> None:
+        # Redis names scripts by SHA-1; computed once here, not on every call.
+        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
     def run(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         try:
