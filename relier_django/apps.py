@@ -7,7 +7,11 @@ class RelierConfig(AppConfig):
     verbose_name = "Relier"
 
     def ready(self) -> None:
-        # Only wiring here, no I/O: hand the core a way to read Django settings lazily.
-        from . import conf
+        # Only wiring here, no I/O: hand the core a way to read Django settings lazily,
+        # and register the system checks (importing the module registers them).
+        from . import checks, conf  # noqa: F401
 
         conf.install()
+        from . import transactions
+
+        transactions.install()  # push() inside atomic() waits for the commit

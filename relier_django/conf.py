@@ -1,9 +1,10 @@
 """The only module that reads Django settings or the environment.
 
 ``settings.RELIER`` (a dict, keys in upper case) and ``RELIER_*`` environment
-variables, read through django-environ, become one frozen core ``Config``. An
+variables, read through django-environ, become one frozen core ``Config`` plus a few
+Django-level settings (:class:`DjangoSettings`) that the core never sees. An
 environment variable wins over the settings dict, so one image can be reconfigured
-per deployment. The result is cached and dropped on ``setting_changed``.
+per deployment. Both results are cached and dropped on ``setting_changed``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import environ
 from django.conf import settings
@@ -24,61 +27,275 @@ from .core.errors import ConfigError
 _env = environ.Env()
 
 
-def _cast(field: dataclasses.Field[Any], raw: Any, source: str) -> Any:
-    hint = typing.get_type_hints(core_config.Config)[field.name]
-    if typing.get_origin(hint) is tuple:
-        return _cast_strings(raw, source)
+@dataclass(frozen=True, slots=True)
+class DjangoSettings:
+    """Keys of ``settings.RELIER`` read by the Django layer only (not core ``Config``)."""
+
+    # The alias of a Django cache (django-redis or Django's RedisCache) whose server
+    # relier uses instead of REDIS_URL: one place to configure Redis.
+    redis_cache_alias: str | None = None
+    # Development only: accept a Redis without AOF or with an evicting maxmemory-policy
+    # (silences relier.E003, relier.E004, relier.W002 and relier.W004).
+    allow_unsafe_redis: bool = False
+    # The queues your workers consume (the union of their -Q options); unset: what
+    # Celery's own settings imply. Only relier.W003 reads it.
+    worker_queues: tuple[str, ...] | None = None
+
+
+DJANGO_KEYS: tuple[str, ...] = tuple(f.name.upper() for f in dataclasses.fields(DjangoSettings))
+"""Keys of ``settings.RELIER`` that are not core ``Config`` fields."""
+
+CONFIG_KEYS: tuple[str, ...] = tuple(name.upper() for name in core_config.FIELDS)
+"""Keys of ``settings.RELIER`` that become core ``Config`` fields."""
+
+# Backends whose LOCATION is a redis:// URL relier can connect to as it is.
+_REDIS_CACHE_BACKENDS = (
+    "django_redis.cache.RedisCache",
+    "django.core.cache.backends.redis.RedisCache",
+)
+# django-redis client classes that talk to the single server named by LOCATION;
+# ShardClient and SentinelClient do not, so their LOCATION is not relier's server.
+_PLAIN_DJANGO_REDIS_CLIENTS = (
+    "django_redis.client.DefaultClient",
+    "django_redis.client.default.DefaultClient",
+    "django_redis.client.HerdClient",
+    "django_redis.client.herd.HerdClient",
+)
+
+
+def _is_optional(hint: Any) -> bool:
+    return type(None) in typing.get_args(hint)
+
+
+def _is_tuple(hint: Any) -> bool:
+    return typing.get_origin(hint) is tuple or any(
+        typing.get_origin(arg) is tuple for arg in typing.get_args(hint)
+    )
+
+
+def _cast(hint: Any, raw: Any, source: str, secret: bool = False) -> Any:
+    if _is_optional(hint) and (raw is None or raw == ""):
+        return None
+    shown = "a value that is not shown (a secret)" if secret else repr(raw)
+    if _is_tuple(hint):
+        return _cast_strings(raw, source, shown)
     base = {int: int, float: float, str: str, bool: bool}
     target = next((t for t in base if hint is t or t in typing.get_args(hint)), str)
-    if raw is None or (isinstance(raw, str) and raw == "" and type(None) in typing.get_args(hint)):
-        return None
+    if raw is None:
+        raise ImproperlyConfigured(f"{source} must be a {target.__name__}, got None")
+    if target is bool and isinstance(raw, str):
+        return _cast_bool(raw, source)
+    if not isinstance(raw, str) and not _fits(raw, target):
+        # A value from the settings dict is taken as given, never coerced: 2.9 is not
+        # silently 2 retries, ["a"] is not the prefix "['a']", [0] is not True.
+        raise ImproperlyConfigured(f"{source} must be a {target.__name__}, got {shown}")
     try:
-        if target is bool and isinstance(raw, str):
-            return _env.smart_cast(raw, bool)
         return target(raw)
     except (TypeError, ValueError) as exc:
-        raise ImproperlyConfigured(f"{source} must be a {target.__name__}, got {raw!r}") from exc
+        raise ImproperlyConfigured(f"{source} must be a {target.__name__}, got {shown}") from exc
 
 
-def _cast_strings(raw: Any, source: str) -> tuple[str, ...]:
+def _fits(raw: Any, target: type) -> bool:
+    if isinstance(raw, bool):
+        return target is bool
+    if target is float:
+        return isinstance(raw, int | float)
+    return isinstance(raw, target)
+
+
+# django-environ's true words, and their opposites. Anything else is refused rather
+# than read as False: a typo must not quietly turn a switch off (or on).
+_FALSE_WORDS = ("false", "off", "no", "n", "0")
+
+
+def _cast_bool(raw: str, source: str) -> bool:
+    word = raw.strip().lower()
+    if word in environ.Env.BOOLEAN_TRUE_STRINGS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    raise ImproperlyConfigured(
+        f"{source} must be a bool (true/false, 1/0, yes/no, on/off), got {raw!r}"
+    )
+
+
+def _cast_strings(raw: Any, source: str, shown: str) -> tuple[str, ...]:
     # A list in the settings dict; comma-separated in the environment ("a, b"); a dict
     # in the settings dict becomes "key=value" entries ({"shop.charge": "100/s"}).
     if isinstance(raw, dict):
         raw = [f"{k}={v}" for k, v in raw.items()]
     items = raw.split(",") if isinstance(raw, str) else raw
     if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
-        raise ImproperlyConfigured(f"{source} must be a list of strings, got {raw!r}")
+        raise ImproperlyConfigured(f"{source} must be a list of strings, got {shown}")
     return tuple(item.strip() for item in items if item.strip())
+
+
+def _given() -> dict[str, Any]:
+    given = getattr(settings, "RELIER", None) or {}
+    if not isinstance(given, dict):
+        raise ImproperlyConfigured(f"settings.RELIER must be a dict, got {type(given).__name__}")
+    unknown = sorted(set(given) - set(CONFIG_KEYS) - set(DJANGO_KEYS))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"settings.RELIER has unknown key(s) {', '.join(unknown)}; "
+            f"known keys are {', '.join(sorted(CONFIG_KEYS + DJANGO_KEYS))}"
+        )
+    return given
+
+
+def _read(upper: str, given: dict[str, Any]) -> tuple[Any, str] | None:
+    """The raw value of one setting and where it came from; the environment wins."""
+    env_name = f"RELIER_{upper}"
+    if env_name in _env.ENVIRON:
+        return _env.str(env_name), f"the environment variable {env_name}"
+    if upper in given:
+        return given[upper], f"settings.RELIER[{upper!r}]"
+    return None
+
+
+def _read_typed(cls: type, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for field in dataclasses.fields(cls):
+        found = _read(field.name.upper(), given)
+        if found is not None:
+            raw, sources[field.name] = found
+            # Config marks its secrets repr=False; an error message must not echo them.
+            secret = not field.repr
+            values[field.name] = _cast(hints[field.name], raw, sources[field.name], secret)
+    return values, sources
+
+
+def _django_settings() -> tuple[DjangoSettings, dict[str, str]]:
+    values, sources = _read_typed(DjangoSettings, _given())
+    return DjangoSettings(**values), sources
+
+
+@functools.cache
+def get_django_settings() -> DjangoSettings:
+    """The Django-level settings (``REDIS_CACHE_ALIAS``, ``ALLOW_UNSAFE_REDIS``, ...).
+
+    Raises:
+        ImproperlyConfigured: an unknown key in ``settings.RELIER``, or a value of the
+            wrong type.
+    """
+    return _django_settings()[0]
+
+
+def config_values() -> dict[str, Any]:
+    """The core ``Config`` fields given in settings or the environment, typed but not
+    yet validated together (``Config.__post_init__`` does that), with the Redis URL
+    resolved from ``REDIS_CACHE_ALIAS`` when that is set.
+
+    Returns:
+        Field name -> value, only for the fields that were given.
+
+    Raises:
+        ImproperlyConfigured: an unknown key, a badly typed value, or a Redis location
+            that cannot be resolved (see :func:`cache_redis_url`).
+    """
+    values, sources = _read_typed(core_config.Config, _given())
+    django_settings, django_sources = _django_settings()
+    alias = django_settings.redis_cache_alias
+    if alias is not None:
+        if "redis_url" in values:
+            raise ImproperlyConfigured(
+                f"{sources['redis_url']} and {django_sources['redis_cache_alias']} are both "
+                "set; relier needs one Redis location: keep REDIS_URL or REDIS_CACHE_ALIAS, "
+                "not both"
+            )
+        values["redis_url"] = cache_redis_url(alias)
+    return values
 
 
 @functools.cache
 def get_config() -> core_config.Config:
-    """Build the core config from settings.RELIER and RELIER_* environment variables."""
-    given = getattr(settings, "RELIER", {}) or {}
-    known = {name.upper(): name for name in core_config.FIELDS}
-    unknown = sorted(set(given) - set(known))
-    if unknown:
-        raise ImproperlyConfigured(
-            f"settings.RELIER has unknown key(s) {', '.join(unknown)}; "
-            f"known keys are {', '.join(sorted(known))}"
-        )
-    values: dict[str, Any] = {}
-    fields = {f.name: f for f in dataclasses.fields(core_config.Config)}
-    for upper, name in known.items():
-        env_name = f"RELIER_{upper}"
-        if env_name in _env.ENVIRON:
-            values[name] = _cast(fields[name], _env.str(env_name), env_name)
-        elif upper in given:
-            values[name] = _cast(fields[name], given[upper], f"settings.RELIER[{upper!r}]")
+    """Build the core config from settings.RELIER and RELIER_* environment variables.
+
+    Raises:
+        ImproperlyConfigured: see :func:`config_values`, or values that cannot work
+            together (``Config`` refused them; the message names the field).
+    """
     try:
-        return core_config.Config(**values)
+        return core_config.Config(**config_values())
     except ConfigError as exc:
         raise ImproperlyConfigured(str(exc)) from exc
 
 
+def cache_redis_url(alias: str) -> str:
+    """The Redis URL of ``settings.CACHES[alias]``: its (first) LOCATION, with the
+    OPTIONS password put into the URL when the URL has none.
+
+    Args:
+        alias: a key of ``settings.CACHES`` whose backend is django-redis's or Django's
+            ``RedisCache``.
+
+    Raises:
+        ImproperlyConfigured: no such alias, another backend, a sharded or Sentinel
+            django-redis client, or a LOCATION that is not a Redis URL.
+    """
+    setting = "settings.RELIER['REDIS_CACHE_ALIAS']"
+    caches = getattr(settings, "CACHES", {}) or {}
+    if alias not in caches:
+        raise ImproperlyConfigured(
+            f"{setting} is {alias!r}, but settings.CACHES has no such alias (it has: "
+            f"{', '.join(sorted(caches)) or 'none'}); name one of those or set REDIS_URL"
+        )
+    cache = caches[alias]
+    backend = cache.get("BACKEND", "")
+    if backend not in _REDIS_CACHE_BACKENDS:
+        raise ImproperlyConfigured(
+            f"{setting} names the cache {alias!r}, whose BACKEND is {backend!r}; relier can "
+            f"reuse only {' or '.join(_REDIS_CACHE_BACKENDS)}: set REDIS_URL instead"
+        )
+    options = cache.get("OPTIONS") or {}
+    client_class = options.get("CLIENT_CLASS")
+    if client_class is not None and client_class not in _PLAIN_DJANGO_REDIS_CLIENTS:
+        raise ImproperlyConfigured(
+            f"{setting} names the cache {alias!r}, whose CLIENT_CLASS {client_class!r} does "
+            "not talk to the one server in LOCATION; set REDIS_URL to relier's server instead"
+        )
+    url = _first_location(cache.get("LOCATION"))
+    if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        raise ImproperlyConfigured(
+            f"{setting} names the cache {alias!r}, whose LOCATION {url!r} is not a "
+            "redis://, rediss:// or unix:// URL; set REDIS_URL instead"
+        )
+    # django-redis spells it PASSWORD; Django's RedisCache passes OPTIONS to redis-py.
+    password = options.get("PASSWORD") or options.get("password")
+    return _with_password(url, password) if password else url
+
+
+def _first_location(location: Any) -> str:
+    # Both backends accept several servers and write to the first one: that is where
+    # relier's state must live.
+    if isinstance(location, list | tuple):
+        location = location[0] if location else ""
+    elif isinstance(location, str):
+        location = location.replace(";", ",").split(",")[0]
+    return str(location or "").strip()
+
+
+def _with_password(url: str, password: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is not None:
+        return url  # redis-py lets the URL win over a password option; so do we
+    host = parts.netloc.rpartition("@")[2]
+    user = quote(parts.username or "", safe="")
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(str(password), safe='')}@{host}"))
+
+
+def clear_cache() -> None:
+    """Forget the cached settings (after changing ``RELIER_*`` environment variables;
+    changes to ``settings.RELIER`` and ``settings.CACHES`` clear it by themselves)."""
+    get_config.cache_clear()
+    get_django_settings.cache_clear()
+
+
 def _on_setting_changed(*, setting: str, **_: object) -> None:
-    if setting == "RELIER":
-        get_config.cache_clear()
+    if setting in ("RELIER", "CACHES"):
+        clear_cache()
 
 
 def install() -> None:

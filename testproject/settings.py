@@ -63,6 +63,40 @@ DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{RUN_DIR / 'db.sqlite3'}"),
 }
 
+
+def _reachable_postgres(url: str) -> dict | None:
+    """The alias for ``url`` if a PostgreSQL server answers there within a second,
+    else None. Probed on its ``postgres`` database: the one named in ``url`` need not
+    exist (pytest-django creates ``test_<NAME>`` beside it and drops it after)."""
+    if not url:
+        return None
+    try:
+        import psycopg
+    except ImportError:  # the test extra is not installed
+        return None
+    alias = environ.Env.db_url_config(url)
+    try:
+        psycopg.connect(
+            host=alias["HOST"] or None,
+            port=alias["PORT"] or None,
+            user=alias["USER"] or None,
+            password=alias["PASSWORD"] or None,
+            dbname="postgres",
+            connect_timeout=1,
+        ).close()
+    except psycopg.Error:
+        return None
+    return alias
+
+
+# A second database, "pg": the on_commit tests run on it as well as on SQLite. Only
+# when a server answers; RELIER_TEST_POSTGRES_URL="" turns it off.
+_pg = _reachable_postgres(
+    env.str("RELIER_TEST_POSTGRES_URL", default="postgres://postgres@127.0.0.1:5432/relier_test")
+)
+if _pg is not None:
+    DATABASES["pg"] = _pg
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -92,6 +126,21 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "unacked_restore_interval": env.float("CELERY_UNACKED_RESTORE_INTERVAL", default=10),
     "unacked_restore_throttle": env.int("CELERY_UNACKED_RESTORE_THROTTLE", default=10),
 }
+# Celery's broker through Redis Sentinel is kombu's business, not relier's: a broker URL
+# of one sentinel:// per sentinel, CELERY_BROKER_URL="sentinel://10.0.0.5:26379/0;
+# sentinel://10.0.0.6:26379/0" (a password in it is the master's), plus the master's
+# name (and the sentinels' own password, if any) as transport options.
+if env.str("CELERY_BROKER_MASTER_NAME", default=""):
+    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = env.str("CELERY_BROKER_MASTER_NAME")
+    if env.str("CELERY_BROKER_SENTINEL_PASSWORD", default=""):
+        CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = {
+            "password": env.str("CELERY_BROKER_SENTINEL_PASSWORD")
+        }
+    # A publish must outlast a failover (down-after-milliseconds plus the election: a
+    # few seconds), not Celery's default 0.6 s of retries.
+    CELERY_TASK_PUBLISH_RETRY_POLICY = {
+        "max_retries": 12, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0,
+    }  # fmt: skip
 
 RELIER = {
     "REDIS_URL": RELIER_REDIS_URL,

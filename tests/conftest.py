@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from testproject.cluster import CeleryWorker, RedisServer
+from testproject.cluster import CeleryWorker, RedisServer, reset_celery_connections
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -53,10 +53,7 @@ def _point_process_at(url: str) -> None:
     conf.get_config.cache_clear()
     celery_app.conf.broker_url = url
     # Drop any broker connection made before this point; Celery rebuilds its pools lazily.
-    if celery_app._pool is not None:
-        celery_app._pool.force_close_all()
-        celery_app._pool = None
-    celery_app.amqp._producer_pool = None
+    reset_celery_connections(celery_app)
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import rates
+from . import rates, signing
 from .errors import ConfigError
 from .rates import Rate
+from .redaction import redact
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,12 @@ class Config:
     drain_timeout_s: float = 30.0
     # Socket timeout for Redis calls made by the core.
     redis_socket_timeout_s: float = 5.0
+    # Redis Sentinel: when set, the master named sentinel_master is found through these
+    # "host:port" sentinels, and redis_url gives only credentials, db and TLS options.
+    sentinels: tuple[str, ...] = ()
+    sentinel_master: str | None = None
+    # The sentinels' own password (their requirepass), if they have one; never printed.
+    sentinel_password: str | None = dataclasses.field(default=None, repr=False)
     # Checkpoints (ctx.set_partial) up to this size live in Redis, with the task.
     checkpoint_max_bytes: int = 65_536
     # Larger ones go to files here (Redis keeps a reference); unset: they are refused.
@@ -64,6 +71,11 @@ class Config:
     # per task name ("shop.charge=100/s"), which win over @rl_task(rate_limit=...).
     admission_limit: str | None = None
     admission_task_limits: tuple[str, ...] = ()
+    # HMAC-SHA256 envelope signing: the first key signs, every key verifies, so keys
+    # rotate without refusing a task (docs/rolling-deploys.md). Never printed.
+    signing_keys: tuple[str, ...] = dataclasses.field(default=(), repr=False)
+    # Only while rolling signing out: accept envelopes that carry no signature at all.
+    signing_accept_unsigned: bool = False
 
     def __post_init__(self) -> None:
         if self.heartbeat_ttl_s <= 0:
@@ -90,6 +102,8 @@ class Config:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         _check_networks("trusted_proxies", self.trusted_proxies)
+        signing.check_keys(self.signing_keys, "signing_keys")
+        self._check_sentinels()
         self.task_admission_limits()  # raises ConfigError on a malformed entry
         if self.admission_limit is not None:
             _rate("admission_limit", self.admission_limit)
@@ -108,6 +122,55 @@ class Config:
                 )
             limits[name.strip()] = _rate(f"admission_task_limits[{name.strip()}]", text)
         return limits
+
+    def __repr__(self) -> str:
+        # The generated repr would print REDIS_URL's password wherever a config is shown
+        # (tracebacks with locals, error trackers that capture frames): redact it.
+        shown = []
+        for f in dataclasses.fields(self):
+            if f.repr:
+                value = getattr(self, f.name)
+                shown.append(f"{f.name}={redact(value) if f.name == 'redis_url' else value!r}")
+        return f"Config({', '.join(shown)})"
+
+    def sentinel_addresses(self) -> tuple[tuple[str, int], ...]:
+        """``sentinels`` as (host, port) pairs (``"[::1]:26379"`` for IPv6).
+
+        Raises:
+            ConfigError: an entry is not ``host:port``.
+        """
+        if not isinstance(self.sentinels, tuple):  # a bare string would be its characters
+            raise ConfigError(f"sentinels must be a tuple of 'host:port', got {self.sentinels!r}")
+        addresses = []
+        for entry in self.sentinels:
+            host, sep, port = entry.rpartition(":")
+            host = host.removeprefix("[").removesuffix("]")
+            if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+                raise ConfigError(
+                    f"sentinels: {entry!r} is not 'host:port' (e.g. '10.0.0.5:26379')"
+                )
+            addresses.append((host, int(port)))
+        return tuple(addresses)
+
+    def _check_sentinels(self) -> None:
+        self.sentinel_addresses()
+        if self.sentinels and not self.sentinel_master:
+            raise ConfigError(
+                "sentinels is set but sentinel_master is not: give the name the sentinels "
+                "monitor the master under (their 'sentinel monitor <name> ...' line)"
+            )
+        if self.sentinel_master and not self.sentinels:
+            raise ConfigError("sentinel_master is set but sentinels is empty: list the sentinels")
+        if self.sentinels and self.redis_url.startswith("unix:"):
+            raise ConfigError(
+                "a unix:// redis_url cannot be combined with sentinels: sentinels name a TCP "
+                "address; use redis:// or rediss:// for the credentials, db and TLS options"
+            )
+
+    @property
+    def signer(self) -> signing.Signer | None:
+        """Signs and verifies envelopes with ``signing_keys``; None when there are none."""
+        return signing.signer(self.signing_keys, self.signing_accept_unsigned)
 
     @property
     def heartbeat_every_s(self) -> float:

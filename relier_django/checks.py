@@ -1,0 +1,393 @@
+"""System checks: relier's settings, its Redis server, Celery's settings and the tasks.
+
+Registered from ``RelierConfig.ready()`` under the tag ``relier``, so they run with
+every ``manage.py check`` (and every command that runs checks) and can be selected
+alone with ``manage.py check --tag relier``. docs/settings.md lists every id.
+
+The Redis checks do I/O: one fail-fast client (about a one-second timeout, no
+retries), a PING and one round trip of CONFIG GET (or INFO), so a missing Redis
+delays a check by about a second, never more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import redis
+import redis.connection
+from celery import current_app
+from celery.app.routes import Router, prepare
+from django.apps import AppConfig
+from django.core.checks import CheckMessage, Error, register
+from django.core.checks import Warning as CheckWarning
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import autodiscover_modules
+
+from . import conf
+from .core.config import Config
+from .core.connection import describe, redact, sync_client
+from .core.task import RelierTask
+
+TAG = "relier"
+"""The check tag: ``manage.py check --tag relier`` runs only these checks."""
+
+_OPT_OUT = "RELIER['ALLOW_UNSAFE_REDIS'] = True silences this on a development server"
+_PICKLE = ("pickle", "application/x-python-serialize")
+
+
+def _settings() -> tuple[Config, conf.DjangoSettings] | None:
+    # None when the settings are invalid: relier.E001/E002 report that once, and the
+    # other checks have nothing sound to check against.
+    try:
+        return conf.get_config(), conf.get_django_settings()
+    except ImproperlyConfigured:
+        return None
+
+
+@register(TAG)
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """relier.E001 (settings that cannot work) and relier.E002 (heartbeat refresh not
+    below the TTL), instead of an ``ImproperlyConfigured`` traceback.
+
+    Returns:
+        At most one error.
+    """
+    hint = (
+        "Correct the setting named above in settings.RELIER, or in its RELIER_<NAME> "
+        "environment variable (which wins over the dict); docs/settings.md lists every "
+        "setting with its type and default."
+    )
+    try:
+        cfg = conf.get_config()
+    except ImproperlyConfigured as exc:
+        return [_heartbeat_error() or Error(str(exc), hint=hint, id="relier.E001")]
+    try:
+        # What every client does with it: a wrong scheme, a port that is not a number,
+        # a bad query option all fail here (check_redis leaves them to this check).
+        redis.connection.parse_url(cfg.redis_url)
+    except ValueError as exc:
+        return [
+            Error(
+                f"REDIS_URL {redact(cfg.redis_url)!r} is not a usable redis://, rediss:// or "
+                f"unix:// URL: {exc}",
+                hint="Set RELIER['REDIS_URL'] (or RELIER_REDIS_URL) to e.g. "
+                "redis://127.0.0.1:6379/0.",
+                id="relier.E001",
+            )
+        ]
+    return []
+
+
+def _heartbeat_error() -> CheckMessage | None:
+    # Config refuses this too, but with field names; the check explains it in settings'
+    # terms and proposes the value.
+    try:
+        values = conf.config_values()
+    except ImproperlyConfigured:
+        return None
+    ttl = values.get("heartbeat_ttl_s", Config.__dataclass_fields__["heartbeat_ttl_s"].default)
+    interval = values.get("heartbeat_interval_s")
+    if interval is None or ttl <= 0 or interval < ttl:
+        return None
+    return Error(
+        f"HEARTBEAT_INTERVAL_S ({interval:g}) is not below HEARTBEAT_TTL_S ({ttl:g}): a "
+        "running task's heartbeat would expire between two refreshes, and the task would "
+        "be resurrected while it still runs.",
+        hint=f"Set HEARTBEAT_INTERVAL_S below {ttl:g}, e.g. {ttl / 3:g} (a third of the TTL, "
+        "what you get when it is unset), in settings.RELIER or RELIER_HEARTBEAT_INTERVAL_S.",
+        id="relier.E002",
+    )
+
+
+@register(TAG)
+def check_redis(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """relier.W001 (unreachable), then, unless ``ALLOW_UNSAFE_REDIS``: relier.E003 (AOF
+    off), relier.E004 (an evicting maxmemory-policy), relier.W004 (``appendfsync no``)
+    and relier.W002 (none of that could be read).
+
+    Returns:
+        The messages, empty for a reachable, durable, non-evicting server.
+    """
+    found = _settings()
+    if found is None:
+        return []
+    cfg, django_settings = found
+    where = describe(cfg)  # the redacted URL, or the Sentinel master and sentinels
+    try:
+        client = sync_client(cfg, fail_fast=True)
+        client.ping()
+        if django_settings.allow_unsafe_redis:
+            return []
+        server = _server_settings(client)
+    except ValueError:
+        return []  # a malformed URL: relier.E001 reports it
+    except redis.exceptions.RedisError as exc:  # refused, timed out, or PING not allowed
+        return [_unreachable(where, exc)]
+    if isinstance(server, redis.exceptions.ResponseError):
+        return [_unverifiable(where, f"CONFIG GET and INFO were both refused ({server})")]
+    return list(_durability(where, server))
+
+
+def _unreachable(where: str, exc: Exception) -> CheckMessage:
+    return CheckWarning(
+        f"Redis at {where} is unreachable: it did not answer a PING ({exc}); its "
+        "persistence and eviction settings were not checked.",
+        hint="Start that Redis, or point RELIER['REDIS_URL'] (or RELIER_REDIS_URL, which "
+        "wins) at the right one. Until it answers, push() fails and workers refuse to start.",
+        id="relier.W001",
+    )
+
+
+def _unverifiable(where: str, why: str) -> CheckMessage:
+    return CheckWarning(
+        f"Could not verify the persistence and eviction settings of Redis at {where}: {why}.",
+        hint="Make sure the server runs with appendonly yes, appendfsync everysec and "
+        "maxmemory-policy noeviction (on a managed Redis: its parameter group), then add "
+        "'relier.W002' to SILENCED_SYSTEM_CHECKS; or grant this user CONFIG GET or INFO.",
+        id="relier.W002",
+    )
+
+
+def _server_settings(client: redis.Redis) -> dict[str, str] | redis.exceptions.ResponseError:
+    """appendonly, appendfsync and maxmemory-policy, by CONFIG GET in one round trip.
+
+    A managed Redis often renames or forbids CONFIG but answers INFO, which knows the
+    first and the last (not appendfsync): that is the fallback. When both are refused,
+    the refusal is returned for relier.W002.
+    """
+    try:
+        pipe = client.pipeline(transaction=False)
+        for name in ("appendonly", "appendfsync", "maxmemory-policy"):
+            pipe.config_get(name)  # one name per call: Redis < 7 takes one pattern
+        found: dict[str, str] = {}
+        for reply in pipe.execute():
+            found.update(reply)
+        return found
+    except redis.exceptions.ResponseError:
+        pass
+    try:
+        persistence = client.info("persistence")
+        memory = client.info("memory")
+    except redis.exceptions.ResponseError as exc:
+        return exc
+    found = {}
+    if "aof_enabled" in persistence:
+        found["appendonly"] = "yes" if int(persistence["aof_enabled"]) else "no"
+    if "maxmemory_policy" in memory:
+        found["maxmemory-policy"] = str(memory["maxmemory_policy"])
+    return found
+
+
+def _durability(where: str, server: Mapping[str, str]) -> Iterable[CheckMessage]:
+    appendonly = server.get("appendonly")
+    if appendonly is not None and appendonly != "yes":
+        yield Error(
+            f"Redis at {where} runs without AOF (appendonly is {appendonly!r}): a restart "
+            "loses every task pushed since the last snapshot (all of them, with snapshots "
+            "off), which breaks relier's promise that a pushed task runs or lands in the "
+            "dead-letter queue.",
+            hint="In redis.conf: 'appendonly yes' and 'appendfsync everysec' (on a running "
+            "server: CONFIG SET appendonly yes, CONFIG SET appendfsync everysec, then CONFIG "
+            f"REWRITE). {_OPT_OUT}.",
+            id="relier.E003",
+        )
+    elif server.get("appendfsync") == "no":
+        yield CheckWarning(
+            f"Redis at {where} has appendfsync 'no': the OS decides when the AOF reaches the "
+            "disk (typically every 30 s), so a crash can lose that many seconds of pushes "
+            "instead of at most one.",
+            hint="In redis.conf: 'appendfsync everysec' (on a running server: CONFIG SET "
+            f"appendfsync everysec, then CONFIG REWRITE). {_OPT_OUT}.",
+            id="relier.W004",
+        )
+    policy = server.get("maxmemory-policy")
+    if policy is not None and policy != "noeviction":
+        yield Error(
+            f"Redis at {where} has maxmemory-policy {policy!r}: when memory runs out it "
+            "evicts keys, and an evicted envelope, heartbeat or fence is a lost or "
+            "duplicated task.",
+            hint="In redis.conf: 'maxmemory-policy noeviction' (on a running server: CONFIG "
+            "SET maxmemory-policy noeviction, then CONFIG REWRITE); a full Redis then refuses "
+            f"writes loudly instead. {_OPT_OUT}.",
+            id="relier.E004",
+        )
+    missing = {"appendonly", "maxmemory-policy"} - set(server)
+    if missing:
+        yield _unverifiable(where, f"the server did not report {' or '.join(sorted(missing))}")
+
+
+@register(TAG)
+def check_celery_serializers(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """relier.E005: Celery configured to send or accept pickle.
+
+    Returns:
+        One error per offending Celery setting.
+    """
+    celery_conf = current_app.conf
+    errors: list[CheckMessage] = []
+    risk = (
+        "a worker that accepts pickle runs whatever code anyone who can write to the broker "
+        "sends it; relier's envelopes are JSON and need nothing else."
+    )
+    for name in ("task_serializer", "result_serializer"):
+        if celery_conf.get(name) in _PICKLE:
+            errors.append(
+                Error(
+                    f"Celery's {name} is {celery_conf.get(name)!r}: {risk}",
+                    hint=f"Set {name} = 'json' (CELERY_{name.upper()} = 'json' in Django "
+                    "settings, with the usual CELERY namespace).",
+                    id="relier.E005",
+                )
+            )
+    for name in ("accept_content", "result_accept_content"):
+        accepted = list(celery_conf.get(name) or ())
+        if any(kind in _PICKLE for kind in accepted):
+            kept = [kind for kind in accepted if kind not in _PICKLE] or ["json"]
+            errors.append(
+                Error(
+                    f"Celery's {name} {accepted!r} includes pickle: {risk}",
+                    hint=f"Set {name} = {kept!r} (CELERY_{name.upper()} in Django settings, "
+                    "with the usual CELERY namespace).",
+                    id="relier.E005",
+                )
+            )
+    return errors
+
+
+def _relier_tasks() -> list[RelierTask]:
+    # Celery imports the tasks modules only in a worker; import them here too, so the
+    # check sees every @rl_task of the project, as autodiscover_tasks() would.
+    autodiscover_modules("tasks")
+    return [task for task in current_app.tasks.values() if isinstance(task, RelierTask)]
+
+
+@register(TAG)
+def check_task_timeouts(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """relier.E006: a task whose soft timeout is not below its hard timeout.
+
+    ``@rl_task`` already refuses this; the check covers specs built another way.
+
+    Returns:
+        One error per such task.
+    """
+    errors: list[CheckMessage] = []
+    for task in _relier_tasks():
+        spec = task.relier_spec
+        soft, hard = spec.soft_timeout_s, spec.hard_timeout_s
+        if soft is not None and hard is not None and soft >= hard:
+            errors.append(
+                Error(
+                    f"Task {task.name!r} has soft_timeout ({soft:g} s) >= hard_timeout "
+                    f"({hard:g} s): its on_soft_timeout hook would never run before the "
+                    "hard stop.",
+                    hint=f"Give {task.name} a soft_timeout below its hard_timeout, e.g. "
+                    f"@rl_task(soft_timeout={hard * 0.8:g}, hard_timeout={hard:g}), or drop "
+                    "soft_timeout.",
+                    id="relier.E006",
+                )
+            )
+    return errors
+
+
+@register(TAG)
+def check_task_queues(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """relier.W003: a task published to a queue that no worker consumes.
+
+    A task's queue is its ``@rl_task(queue=)``, else Celery's ``task_routes`` for its
+    name, else ``task_default_queue``. The consumed queues are ``WORKER_QUEUES`` when set,
+    else the names in Celery's ``task_queues``, else ``task_default_queue``; the recovery
+    queue always counts, since every worker consumes it. A route given by a function
+    that needs the task's arguments cannot be followed, and is not reported.
+
+    Returns:
+        One warning per task whose queue no worker consumes.
+    """
+    found = _settings()
+    if found is None:
+        return []
+    cfg, django_settings = found
+    app = current_app
+    consumed, source, fix = _consumed_queues(app.conf, django_settings)
+    consumed.add(cfg.recovery_queue)
+    router = Router(routes=prepare(app.conf.task_routes), app=app)
+    warnings: list[CheckMessage] = []
+    for task in _relier_tasks():
+        queue = _task_queue(router, task.relier_spec.queue, task.name, app.conf)
+        if queue is None or queue in consumed:
+            continue
+        warnings.append(
+            CheckWarning(
+                f"Task {task.name!r} is published to the queue {queue!r}, which no worker "
+                f"consumes according to {source} ({', '.join(sorted(consumed))}): each "
+                f"push would wait QUEUED_GRACE_S ({cfg.queued_grace_s:g} s) until the "
+                "resurrector re-dispatches it to the recovery queue.",
+                hint=f"Run a worker with -Q {queue} and {fix(queue)}; or route the task to a "
+                "consumed queue.",
+                id="relier.W003",
+            )
+        )
+    return warnings
+
+
+def _consumed_queues(
+    celery_conf: Any, django_settings: conf.DjangoSettings
+) -> tuple[set[str], str, Callable[[str], str]]:
+    """The queues workers consume, where that was read from, and how to add one."""
+    if django_settings.worker_queues is not None:
+        return (
+            set(django_settings.worker_queues),
+            "RELIER['WORKER_QUEUES']",
+            lambda q: f"add {q!r} to RELIER['WORKER_QUEUES']",
+        )
+    declared = celery_conf.task_queues
+    if declared:
+        names = declared.keys() if isinstance(declared, Mapping) else map(_queue_name, declared)
+        return (
+            {name for name in names if name},
+            "Celery's task_queues",
+            lambda q: (
+                f"declare {q!r} in Celery's task_queues (or list your workers' -Q "
+                "queues in RELIER['WORKER_QUEUES'])"
+            ),
+        )
+    return (
+        {celery_conf.task_default_queue},
+        "Celery's task_default_queue (task_queues is not set)",
+        lambda q: (
+            f"list your workers' -Q queues in RELIER['WORKER_QUEUES'] (or declare "
+            f"{q!r} in Celery's task_queues)"
+        ),
+    )
+
+
+def _queue_name(queue: Any) -> str | None:
+    if isinstance(queue, str):
+        return queue
+    name = getattr(queue, "name", None)  # a kombu.Queue
+    return name if isinstance(name, str) else None
+
+
+def _task_queue(router: Router, own: str | None, name: str, celery_conf: Any) -> str | None:
+    """The queue ``push()`` publishes the task to; None when it depends on arguments."""
+    if own:
+        return own
+    try:
+        route = router.lookup_route(name, (), {}, {}, None)
+    except Exception:  # a router function may need real arguments: then we cannot tell
+        return None
+    if route is None:
+        return str(celery_conf.task_default_queue)
+    if isinstance(route, Mapping):
+        return _queue_name(route.get("queue"))
+    return _queue_name(route)

@@ -1,0 +1,395 @@
+"""G6: misconfiguration fails ``manage.py check`` with an id and the exact fix.
+
+Every Redis here is a private ``redis-server`` started with the wrong setting under
+test (AOF off, an evicting policy, CONFIG renamed, an ACL user without CONFIG and
+INFO) or a free port nothing listens on; none is the session's server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from celery import current_app
+from django.core.checks import CheckMessage, run_checks
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from relier_django import conf
+from relier_django.core.spec import TaskSpec
+from relier_django.core.task import RelierTask
+from testproject.cluster import REPO_ROOT, CeleryWorker, RedisServer, free_port, worker_env
+
+StartRedis = Callable[..., RedisServer]
+
+
+@pytest.fixture
+def start_redis(tmp_path: Path) -> Iterator[StartRedis]:
+    """Start private servers with extra ``redis-server`` arguments; stopped by PID."""
+    started: list[RedisServer] = []
+
+    def start(*extra_args: str) -> RedisServer:
+        directory = tmp_path / f"redis-{len(started)}"
+        server = RedisServer(directory=directory, extra_args=extra_args).start()
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+def relier(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """Apply ``settings.RELIER`` (and optionally CACHES) for one test.
+
+    The session's ``RELIER_REDIS_URL`` would win over the dict, so it is removed;
+    ``override_settings`` fires ``setting_changed``, which drops relier's cached config
+    on the way in and on the way out.
+    """
+    monkeypatch.delenv("RELIER_REDIS_URL", raising=False)
+    with contextlib.ExitStack() as stack:
+
+        def apply(caches: dict | None = None, **relier_settings: object) -> None:
+            extra = {"CACHES": caches} if caches is not None else {}
+            stack.enter_context(override_settings(RELIER=relier_settings, **extra))
+
+        yield apply
+
+
+@pytest.fixture
+def celery_conf() -> Iterator[object]:
+    """The current Celery app's conf; every key a test sets is restored afterwards."""
+    app_conf = current_app.conf
+    saved = {
+        key: app_conf[key]
+        for key in ("task_serializer", "accept_content", "task_routes", "task_queues")
+    }
+    try:
+        yield app_conf
+    finally:
+        app_conf.update(saved)
+
+
+@pytest.fixture
+def register_task() -> Iterator[Callable[[TaskSpec], RelierTask]]:
+    """Register a RelierTask built straight from a TaskSpec (not through @rl_task)."""
+    names: list[str] = []
+
+    def register(spec: TaskSpec) -> RelierTask:
+        app = current_app._get_current_object()
+        task = app.task(name=spec.name, base=RelierTask, bind=True, shared=False, relier_spec=spec)(
+            spec.fn
+        )
+        names.append(spec.name)
+        return app.tasks[task.name]
+
+    try:
+        yield register
+    finally:
+        for name in names:
+            current_app.tasks.unregister(name)
+
+
+def relier_messages() -> list[CheckMessage]:
+    return [m for m in run_checks(tags=["relier"]) if (m.id or "").startswith("relier.")]
+
+
+def ids() -> list[str]:
+    return sorted(m.id for m in relier_messages())
+
+
+def by_id(wanted: str) -> CheckMessage:
+    matches = [m for m in relier_messages() if m.id == wanted]
+    assert len(matches) == 1, relier_messages()
+    return matches[0]
+
+
+async def _async_body(ctx: object) -> None:
+    return None
+
+
+# --- Redis ----------------------------------------------------------------------------
+
+
+def test_a_durable_non_evicting_server_passes_every_check(start_redis, relier):
+    relier(REDIS_URL=start_redis().url)
+    assert relier_messages() == []
+    call_command("check", "--tag", "relier", verbosity=0)  # raises on any error
+
+
+def test_aof_off_is_an_error_that_gives_the_redis_conf_lines(start_redis, relier):
+    relier(REDIS_URL=start_redis("--appendonly", "no").url)
+    error = by_id("relier.E003")
+    assert error.is_serious()
+    assert "appendonly yes" in error.hint and "appendfsync everysec" in error.hint
+    assert "ALLOW_UNSAFE_REDIS" in error.hint
+    with pytest.raises(SystemCheckError, match=r"relier\.E003"):
+        call_command("check", verbosity=0)
+
+
+def test_an_evicting_policy_is_an_error_that_gives_the_config_set_line(start_redis, relier):
+    relier(REDIS_URL=start_redis("--maxmemory-policy", "allkeys-lru").url)
+    error = by_id("relier.E004")
+    assert "'allkeys-lru'" in error.msg
+    assert "maxmemory-policy noeviction" in error.hint
+    assert "CONFIG SET maxmemory-policy noeviction" in error.hint
+
+
+def test_appendfsync_no_is_a_warning(start_redis, relier):
+    relier(REDIS_URL=start_redis("--appendfsync", "no").url)
+    warning = by_id("relier.W004")
+    assert not warning.is_serious() and "appendfsync everysec" in warning.hint
+
+
+def test_the_development_opt_out_silences_the_durability_checks(start_redis, relier, monkeypatch):
+    server = start_redis("--appendonly", "no", "--maxmemory-policy", "allkeys-lru")
+    relier(REDIS_URL=server.url)
+    assert ids() == ["relier.E003", "relier.E004"]
+    relier(REDIS_URL=server.url, ALLOW_UNSAFE_REDIS=True)
+    assert ids() == []
+    # The environment wins over the dict, for this key as for the others.
+    monkeypatch.setenv("RELIER_ALLOW_UNSAFE_REDIS", "false")
+    conf.clear_cache()
+    assert ids() == ["relier.E003", "relier.E004"]
+    monkeypatch.delenv("RELIER_ALLOW_UNSAFE_REDIS")
+    conf.clear_cache()
+
+
+def test_with_config_renamed_the_settings_are_read_from_info(start_redis, relier):
+    # Managed Redis services rename CONFIG but answer INFO, which knows both settings.
+    relier(REDIS_URL=start_redis("--rename-command", "CONFIG", "").url)
+    assert ids() == []
+    relier(REDIS_URL=start_redis("--rename-command", "CONFIG", "", "--appendonly", "no").url)
+    assert ids() == ["relier.E003"]
+
+
+def test_when_config_and_info_are_refused_it_warns_that_it_could_not_verify(start_redis, relier):
+    server = start_redis("--rename-command", "CONFIG", "")
+    admin = server.client()
+    admin.acl_setuser(
+        "app", enabled=True, passwords=["+s3cret"], keys=["*"], categories=["+@all"],
+        commands=["-info"],
+    )  # fmt: skip
+    admin.close()
+    relier(REDIS_URL=f"redis://app:s3cret@127.0.0.1:{server.port}/0")
+    warning = by_id("relier.W002")
+    assert ids() == ["relier.W002"]  # a warning: `manage.py check` still passes
+    assert "could not verify" in warning.msg.lower()
+    assert "redis://app:***@127.0.0.1" in warning.msg and "s3cret" not in warning.msg
+    assert "SILENCED_SYSTEM_CHECKS" in warning.hint
+
+
+def test_an_unreachable_redis_is_a_quick_warning_not_a_crash(relier):
+    relier(REDIS_URL=f"redis://:hunter2@127.0.0.1:{free_port()}/0")
+    started = time.monotonic()
+    warning = by_id("relier.W001")
+    assert time.monotonic() - started < 5
+    assert "redis://:***@127.0.0.1" in warning.msg and "hunter2" not in warning.msg
+    assert "RELIER_REDIS_URL" in warning.hint
+    call_command("check", verbosity=0)  # a warning does not fail the command
+
+
+# --- settings -------------------------------------------------------------------------
+
+
+def test_heartbeat_refresh_not_below_the_ttl_is_an_error_not_a_traceback(relier):
+    relier(HEARTBEAT_TTL_S=3, HEARTBEAT_INTERVAL_S=3)
+    error = by_id("relier.E002")
+    assert "HEARTBEAT_INTERVAL_S (3)" in error.msg and "HEARTBEAT_TTL_S (3)" in error.msg
+    assert "e.g. 1 " in error.hint
+    assert ids() == ["relier.E002"]  # the Redis and task checks do not pile on
+    with pytest.raises(SystemCheckError, match=r"relier\.E002"):
+        call_command("check", verbosity=0)
+
+
+def test_any_other_invalid_setting_is_reported_with_its_message(relier):
+    relier(HEARTBEAT_TLL_S=3)
+    error = by_id("relier.E001")
+    assert "HEARTBEAT_TLL_S" in error.msg and "HEARTBEAT_TTL_S" in error.msg
+    relier(REDIS_URL="127.0.0.1:6379")
+    assert "redis://" in by_id("relier.E001").hint
+    relier(REDIS_URL="redis://127.0.0.1:abc/0")  # a port that is not a number
+    assert "not a usable" in by_id("relier.E001").msg
+
+
+def test_a_badly_typed_secret_is_reported_without_its_value(relier):
+    relier(SIGNING_KEYS=b"top-secret-key")  # bytes, not a list of strings
+    error = by_id("relier.E001")
+    assert "SIGNING_KEYS" in error.msg and "top-secret-key" not in error.msg
+
+
+# --- REDIS_CACHE_ALIAS ----------------------------------------------------------------
+
+
+def _cache(backend: str, location: object, **options: object) -> dict:
+    return {"default": {"BACKEND": backend, "LOCATION": location, "OPTIONS": options}}
+
+
+@pytest.mark.parametrize(
+    ("backend", "password_option"),
+    [
+        ("django_redis.cache.RedisCache", "PASSWORD"),
+        ("django.core.cache.backends.redis.RedisCache", "password"),
+    ],
+)
+def test_redis_cache_alias_reuses_the_cache_server_and_its_password(
+    start_redis, relier, backend, password_option
+):
+    server = start_redis()
+    admin = server.client()
+    admin.config_set("requirepass", "p@ss/word")
+    admin.close()
+    location = [f"redis://127.0.0.1:{server.port}/2", "redis://127.0.0.1:1/0"]  # writer first
+    caches = _cache(backend, location, **{password_option: "p@ss/word"})
+    relier(caches=caches, REDIS_CACHE_ALIAS="default")
+    assert conf.get_config().redis_url == f"redis://:p%40ss%2Fword@127.0.0.1:{server.port}/2"
+    assert relier_messages() == []  # the checks reached the server with that password
+
+
+def test_redis_cache_alias_and_redis_url_together_are_refused(relier):
+    caches = _cache("django_redis.cache.RedisCache", "redis://127.0.0.1:1/0")
+    relier(caches=caches, REDIS_CACHE_ALIAS="default", REDIS_URL="redis://127.0.0.1:1/0")
+    with pytest.raises(ImproperlyConfigured, match="REDIS_URL or REDIS_CACHE_ALIAS, not both"):
+        conf.get_config()
+    assert "not both" in by_id("relier.E001").msg
+
+
+@pytest.mark.parametrize(
+    ("caches", "alias", "says"),
+    [
+        (_cache("django_redis.cache.RedisCache", "redis://x/0"), "sessions", "no such alias"),
+        (
+            _cache("django.core.cache.backends.locmem.LocMemCache", "x"),
+            "default",
+            "relier can reuse only",
+        ),
+        (
+            _cache(
+                "django_redis.cache.RedisCache",
+                ["redis://a/0", "redis://b/0"],
+                CLIENT_CLASS="django_redis.client.ShardClient",
+            ),
+            "default",
+            "CLIENT_CLASS",
+        ),
+    ],
+    ids=["unknown-alias", "not-redis", "sharded"],
+)
+def test_a_cache_alias_relier_cannot_use_is_a_clear_error(relier, caches, alias, says):
+    relier(caches=caches, REDIS_CACHE_ALIAS=alias)
+    with pytest.raises(ImproperlyConfigured, match=says) as raised:
+        conf.get_config()
+    assert "REDIS_URL" in str(raised.value)  # the way out is named
+    assert by_id("relier.E001").msg == str(raised.value)
+
+
+# --- Celery and the tasks -------------------------------------------------------------
+
+
+def test_pickle_anywhere_in_celerys_serializers_is_an_error(start_redis, relier, celery_conf):
+    relier(REDIS_URL=start_redis().url)
+    celery_conf.task_serializer = "pickle"
+    celery_conf.accept_content = ["json", "pickle"]
+    errors = [m for m in relier_messages() if m.id == "relier.E005"]
+    assert [e.msg.split(":")[0] for e in errors] == [
+        "Celery's task_serializer is 'pickle'",
+        "Celery's accept_content ['json', 'pickle'] includes pickle",
+    ]
+    assert "CELERY_ACCEPT_CONTENT" in errors[1].hint and "['json']" in errors[1].hint
+
+
+def test_a_spec_whose_soft_timeout_is_not_below_the_hard_one_is_an_error(
+    start_redis, relier, register_task
+):
+    relier(REDIS_URL=start_redis().url)
+    register_task(
+        TaskSpec(name="checks.bad_timeouts", fn=_async_body, soft_timeout_s=5, hard_timeout_s=5)
+    )
+    error = by_id("relier.E006")
+    assert "'checks.bad_timeouts'" in error.msg
+    assert "soft_timeout=4, hard_timeout=5" in error.hint
+
+
+def test_a_queue_no_worker_consumes_is_a_warning(start_redis, relier, register_task):
+    url = start_redis().url
+    relier(REDIS_URL=url)
+    register_task(TaskSpec(name="checks.lonely", fn=_async_body, queue="reports"))
+    warning = by_id("relier.W003")
+    assert "'checks.lonely'" in warning.msg and "'reports'" in warning.msg
+    assert "task_default_queue" in warning.msg
+    assert "-Q reports" in warning.hint and "WORKER_QUEUES" in warning.hint
+    # Declaring what the workers consume (their -Q) settles it.
+    relier(REDIS_URL=url, WORKER_QUEUES=["celery", "reports"])
+    assert ids() == []
+
+
+def test_task_routes_are_followed_to_find_a_tasks_queue(
+    start_redis, relier, register_task, celery_conf
+):
+    from kombu import Queue
+
+    relier(REDIS_URL=start_redis().url)
+    register_task(TaskSpec(name="checks.routed", fn=_async_body))
+    celery_conf.task_routes = {"checks.*": {"queue": "slow"}}
+    assert "'slow'" in by_id("relier.W003").msg
+    celery_conf.task_queues = [Queue("celery"), Queue("slow")]
+    assert ids() == []
+
+
+# --- processes --------------------------------------------------------------------------
+
+
+def manage_check(redis_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=REPO_ROOT,
+        env=worker_env(redis_url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_manage_py_check_exits_non_zero_on_a_server_without_aof(start_redis):
+    bad = manage_check(start_redis("--appendonly", "no").url)
+    assert bad.returncode != 0
+    assert "relier.E003" in bad.stderr and "appendonly yes" in bad.stderr
+    good = manage_check(start_redis().url)
+    assert good.returncode == 0, good.stderr
+
+
+def test_a_worker_refuses_to_start_while_relier_redis_is_unreachable(start_redis, tmp_path):
+    broker = start_redis()
+    port = free_port()
+    worker = CeleryWorker(
+        redis_url=broker.url,
+        log_dir=tmp_path,
+        name="unreachable",
+        extra_env={"RELIER_REDIS_URL": f"redis://:hunter2@127.0.0.1:{port}/0"},
+    )
+    try:
+        worker.start(wait=False)
+        assert worker.process is not None
+        assert worker.process.wait(60) != 0
+        log = worker.log_text()
+        assert f"Redis at redis://:***@127.0.0.1:{port}/0 is unreachable" in log, log
+        assert "refuses to start" in log and "hunter2" not in log
+        assert "ready." not in log
+    finally:
+        worker.stop()
+    # The same worker against a reachable Redis starts (the hook lets it through).
+    healthy = CeleryWorker(redis_url=broker.url, log_dir=tmp_path, name="reachable")
+    try:
+        healthy.start(timeout_s=60)
+    finally:
+        healthy.stop()
