@@ -17,16 +17,18 @@ from .core.errors import (
     TaskLost,
 )
 from .core.lock import Lock, lock
-from .core.receipt import Receipt
+from .core.receipt import DispatchState, NotDispatched, Receipt
 from .core.task import RelierTask, rl_task
 
 __all__ = [
     "AdmissionRejected",
     "CheckpointTooLarge",
+    "DispatchState",
     "DuplicateTaskId",
     "Lock",
     "LockLost",
     "LockNotAcquired",
+    "NotDispatched",
     "Receipt",
     "RelierError",
     "RelierTask",

@@ -3,20 +3,27 @@ idempotency key) in one script, then hand it to the broker.
 
 ``push`` is for sync code, ``apush`` for async code; both share ``prepare`` and make
 the same calls: one Redis round trip (push.lua) plus the broker publish.
+
+Inside a database transaction a push is validated at once, but stored and sent only
+when the transaction commits (``aftercommit.deliver``), so a rollback leaves nothing
+behind. The core cannot see Django's transactions: the Django layer installs a
+:data:`TransactionHook` with :func:`set_transaction_hook` (docs/transactions.md).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from . import admission, bridge, broker, config, idempotency
+from . import admission, aftercommit, bridge, broker, config, idempotency
 from .connection import async_client, sync_client
-from .envelope import Envelope, canonical
+from .envelope import Envelope, canonical, decode
 from .errors import AdmissionRejected, DuplicateTaskId
 from .keys import KeySpace
 from .receipt import Receipt
@@ -24,6 +31,23 @@ from .scripts import ScriptCall
 from .spec import TaskSpec
 
 logger = logging.getLogger("relier_django.producer")
+
+TransactionHook = Callable[[str | None, Callable[[], None]], bool]
+"""``hook(using, callback)``: if a transaction is open on database alias ``using``
+(``None``: the default one) in this thread, arrange for ``callback()`` to run once
+it commits (never, if it rolls back) and return True; otherwise return False and
+leave ``callback`` alone. Raises for an unknown alias."""
+
+_hook_lock = threading.Lock()
+_transaction_hook: TransactionHook | None = None
+
+
+def set_transaction_hook(hook: TransactionHook | None) -> None:
+    """Install how ``push`` finds an open transaction (the Django layer does, in
+    ``AppConfig.ready()``); ``None`` uninstalls it: every push is then sent at once."""
+    global _transaction_hook
+    with _hook_lock:
+        _transaction_hook = hook
 
 
 def _check_json(spec: TaskSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -57,6 +81,7 @@ def prepare(
         queue=spec.queue or "",
         idem_key=idem,
         created_ms=int(time.time() * 1000),
+        schema_version=spec.schema.version,
     )
 
 
@@ -76,7 +101,7 @@ class _Push:
     ) -> _Push:
         cfg = config.current()
         env = prepare(spec, args, kwargs, task_id)
-        return cls(cfg, spec, env, env.encode(), KeySpace(cfg.key_prefix))
+        return cls(cfg, spec, env, env.encode(cfg.signer), KeySpace(cfg.key_prefix))
 
     def store(self) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
@@ -96,6 +121,11 @@ class _Push:
             raise AdmissionRejected(self.env.task, stored.refused_for_s)
         if stored.id_taken:
             raise DuplicateTaskId(f"a task with id {self.env.id!r} already exists")
+        if stored.id_finished:
+            raise DuplicateTaskId(
+                f"task id {self.env.id!r} has already run to an outcome, which is kept for "
+                "RESULT_TTL_S; read it with Receipt(task_id).get(), or push with another id"
+            )
         if stored.id_in_dlq:
             raise DuplicateTaskId(
                 f"task id {self.env.id!r} names an entry in the dead-letter queue; release it "
@@ -110,6 +140,53 @@ class _Push:
     def receipt(self) -> Receipt:
         return Receipt(self.env.id, deduplicated=False, config=self.cfg)
 
+    def send_now(self, app: Any, client: Any) -> Receipt:
+        """Store (push.lua), then publish; undo the store if the publish fails.
+
+        Raises:
+            AdmissionRejected, DuplicateTaskId: push.lua refused it; nothing stored.
+            Redis or broker errors: nothing remains (unless the undo failed too: then
+                the stored copy is re-dispatched after ``QUEUED_GRACE_S``).
+        """
+        if (dup := self.duplicate(self.store().run(client))) is not None:
+            return dup
+        try:
+            broker.send(app, self.env, self.encoded)
+        except BaseException:
+            idempotency.abort(self.keys, self.env).run(client)
+            raise
+        return self.receipt()
+
+    async def asend_now(self, app: Any, client: Any) -> Receipt:
+        """:meth:`send_now` for async code."""
+        if (dup := self.duplicate(await self.store().arun(client))) is not None:
+            return dup
+        try:
+            await broker.asend(app, self.env, self.encoded)
+        except BaseException:
+            await idempotency.abort(self.keys, self.env).arun(client)
+            raise
+        return self.receipt()
+
+    def defer(self, app: Any, using: str | None) -> Receipt | None:
+        """Leave the store and the send to the commit of the transaction open on
+        ``using``; None when none is open (the caller sends now)."""
+        hook = _transaction_hook
+        if hook is None:
+            if using is not None:
+                raise RuntimeError(
+                    f"{self.spec.name}: push with using={using!r} needs the transaction "
+                    "hook of the Django layer: add 'relier_django' to INSTALLED_APPS"
+                )
+            return None
+        receipt = Receipt.deferred(self.env.id, self.cfg)
+        if not hook(using, functools.partial(aftercommit.deliver, self, app, receipt)):
+            return None
+        logger.debug(
+            "push deferred to commit task=%s task_id=%s using=%s", self.env.task, self.env.id, using
+        )
+        return receipt
+
 
 def push(
     spec: TaskSpec,
@@ -118,23 +195,20 @@ def push(
     kwargs: Mapping[str, Any],
     *,
     task_id: str | None = None,
+    on_commit: bool = True,
+    using: str | None = None,
 ) -> Receipt:
-    """Sync push. See ``RelierTask.push`` for the guarantees."""
+    """Sync push. See ``RelierTask.push`` and ``RelierTask.push_with`` for the guarantees."""
     if bridge.in_running_loop():
         raise RuntimeError(
             f"{spec.name}.push() was called inside a running event loop, where it would "
             f"block; use `await {spec.name.rsplit('.', 1)[-1]}.apush(...)` instead"
         )
+    # Validation comes first, inside the caller's transaction: bad input raises now.
     p = _Push.begin(spec, args, kwargs, task_id)
-    client = sync_client(p.cfg)
-    if (dup := p.duplicate(p.store().run(client))) is not None:
-        return dup
-    try:
-        broker.send(app, p.env, p.encoded)
-    except BaseException:
-        idempotency.abort(p.keys, p.env).run(client)
-        raise
-    return p.receipt()
+    if on_commit and (deferred := p.defer(app, using)) is not None:
+        return deferred
+    return p.send_now(app, sync_client(p.cfg))
 
 
 async def apush(
@@ -144,15 +218,86 @@ async def apush(
     kwargs: Mapping[str, Any],
     *,
     task_id: str | None = None,
+    on_commit: bool = True,
+    using: str | None = None,
 ) -> Receipt:
-    """Async push: the same steps as :func:`push`, without blocking the event loop."""
+    """Async push: the same steps as :func:`push`, without blocking the event loop.
+
+    It asks the hook like :func:`push` does (a flag read, no I/O: safe in a running
+    loop), and so waits only for a transaction of its own async context. Django gives
+    async code database connections of its own and refuses ``atomic()`` there (unless
+    ``DJANGO_ALLOW_ASYNC_UNSAFE``), so in practice an ``apush`` sends at once: a
+    transaction in sync code (a ``sync_to_async`` function, the thread that called
+    ``asyncio.run``) is not the coroutine's, and ``push()`` in that sync code is the
+    call that waits for it.
+    """
     p = _Push.begin(spec, args, kwargs, task_id)
-    client = async_client(p.cfg)
-    if (dup := p.duplicate(await p.store().arun(client))) is not None:
-        return dup
-    try:
-        await broker.asend(app, p.env, p.encoded)
-    except BaseException:
-        await idempotency.abort(p.keys, p.env).arun(client)
-        raise
-    return p.receipt()
+    if on_commit and (deferred := p.defer(app, using)) is not None:
+        return deferred
+    return await p.asend_now(app, async_client(p.cfg))
+
+
+@dataclass(frozen=True, slots=True)
+class PushWith:
+    """``task.push_with(on_commit=..., using=...)``: options for one push, kept apart
+    from the task's own arguments so that no task parameter name is ever reserved.
+
+    Attributes:
+        on_commit: inside a transaction, wait for its commit (the default); False
+            sends at once, even inside one.
+        using: the database alias whose transaction to wait for; ``None`` is Django's
+            default database.
+    """
+
+    spec: TaskSpec = field(repr=False)
+    app: Any = field(repr=False)
+    on_commit: bool = True
+    using: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.on_commit, bool):
+            raise TypeError(f"on_commit must be True or False, got {self.on_commit!r}")
+        if self.using is not None and not (isinstance(self.using, str) and self.using):
+            raise TypeError(f"using must be a database alias (a str) or None, got {self.using!r}")
+        if self.using is not None and not self.on_commit:
+            raise ValueError(
+                f"{self.spec.name}: using={self.using!r} names the database whose commit the "
+                "push waits for, and on_commit=False sends at once: pass one or the other"
+            )
+
+    def push(self, *args: Any, **kwargs: Any) -> Receipt:
+        """Like ``task.push(*args, **kwargs)``, with these options."""
+        return push(self.spec, self.app, args, kwargs, on_commit=self.on_commit, using=self.using)
+
+    async def apush(self, *args: Any, **kwargs: Any) -> Receipt:
+        """Like ``await task.apush(*args, **kwargs)``, with these options."""
+        return await apush(
+            self.spec, self.app, args, kwargs, on_commit=self.on_commit, using=self.using
+        )
+
+
+def replay(app: Any, envelope: str) -> Receipt:
+    """Store and send, now, an envelope that a failed post-commit send logged.
+
+    The envelope is verified (checksum, and signature when signing keys are set) and
+    pushed under its own id, so a replay is safe to repeat: while the task is stored, a
+    second replay re-sends fence 1, which the worker refuses (a fence starts once);
+    for ``RESULT_TTL_S`` after it finished, a replay raises ``DuplicateTaskId``.
+
+    Raises:
+        EnvelopeError: it does not verify.
+        ValueError: it is not a first incarnation (fence 1), or names a task that is
+            not an ``@rl_task`` of ``app``.
+        AdmissionRejected, DuplicateTaskId, Redis or broker errors: as ``push``.
+    """
+    cfg = config.current()
+    text = envelope.strip()
+    env = decode(text, cfg.signer)
+    if env.fence != 1:
+        raise ValueError(f"task {env.id}: only a first incarnation (fence 1) can be replayed")
+    spec = getattr(app.tasks.get(env.task), "relier_spec", None)
+    if not isinstance(spec, TaskSpec):
+        raise ValueError(f"{env.task} is not an @rl_task registered on this Celery app")
+    p = _Push(cfg, spec, env, text, KeySpace(cfg.key_prefix))
+    logger.warning("replaying a push task=%s task_id=%s", env.task, env.id)
+    return p.send_now(app, sync_client(cfg))
