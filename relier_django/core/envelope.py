@@ -1,9 +1,29 @@
 """The envelope: what is stored at push, sent through the broker, and replayed.
 
-Canonical JSON (sorted keys, compact separators, no NaN), versioned, with a SHA-256
-checksum over the canonical bytes of every other field. The worker verifies the
-checksum before anything runs; a message that fails becomes an ``EnvelopeError``
+Canonical JSON (sorted keys, compact separators, no NaN) with a SHA-256 checksum
+over the canonical bytes of every other field, and, when signing keys are
+configured, an HMAC-SHA256 over the same bytes (``signing``). The worker verifies
+both before anything runs; a message that fails becomes an ``EnvelopeError``
 carrying its raw body for the DLQ.
+
+Two versions, never to be confused:
+
+- ``v`` is the envelope *format* (``FORMAT_VERSION``): how relier_django itself lays
+  out a message. It changes only with relier_django, and only for a change an older
+  reader could not safely ignore.
+- ``schema_version`` is the *task's* argument schema (``@rl_task(version=N)``). The
+  envelope only carries it; ``schema`` and the runner act on it.
+
+How tolerant ``decode`` is, so that a rolling upgrade of relier_django itself can
+mix releases:
+
+- a field missing from the message takes its default (``schema_version`` → 1), so
+  an envelope written before a field existed still reads;
+- a field this release does not know is kept verbatim in ``Envelope.extra`` and
+  written back by ``encode``, so a retry or resurrection on an older worker does not
+  drop what a newer one wrote (the checksum and HMAC cover it);
+- a format newer than ``FORMAT_VERSION`` is refused with reason ``schema_migration``
+  (its raw body kept): its meaning cannot be guessed.
 """
 
 from __future__ import annotations
@@ -11,12 +31,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import EnvelopeError
+from .signing import SignatureInvalid, Signer
 
 FORMAT_VERSION = 1
+# Wire keys that are not fields: the checksum and the signature over the rest.
+_CHECKSUM, _SIGNATURE = "sha256", "hmac"
 
 
 def canonical(value: Any) -> str:
@@ -33,7 +57,10 @@ class Envelope:
 
     ``fence`` grows with every incarnation (first dispatch, retry, resurrection,
     release); ``attempt`` counts executions caused by retries; ``resurrections``
-    counts re-dispatches after a worker died.
+    counts re-dispatches after a worker died. ``schema_version`` is the task's
+    argument schema the producer pushed with; a worker migrates the arguments in
+    memory and never rewrites it. ``extra`` holds fields written by a newer
+    relier_django, passed through untouched.
     """
 
     id: str
@@ -46,30 +73,44 @@ class Envelope:
     attempt: int = 1
     resurrections: int = 0
     created_ms: int = 0
+    schema_version: int = 1
     v: int = FORMAT_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def next_incarnation(self, **changes: Any) -> Envelope:
         """The envelope of the next incarnation: fence + 1, other changes applied."""
         return dataclasses.replace(self, fence=self.fence + 1, **changes)
 
     def _body(self) -> dict[str, Any]:
-        body = dataclasses.asdict(self)
+        body = {name: getattr(self, name) for name in _WIRE_FIELDS}
         body["args"] = list(self.args)
+        body.update(self.extra)
         return body
 
-    def encode(self) -> str:
+    def encode(self, signer: Signer | None = None) -> str:
+        """The canonical JSON of this envelope with its checksum, and with an HMAC
+        by the newest key when ``signer`` is given (pass ``Config.signer`` wherever
+        an envelope is stored or published: push, retry, resurrection, release, DLQ)."""
         body = self._body()
-        text = canonical(body)
-        body["sha256"] = hashlib.sha256(text.encode()).hexdigest()
+        data = canonical(body).encode()
+        body[_CHECKSUM] = hashlib.sha256(data).hexdigest()
+        if signer is not None:
+            body[_SIGNATURE] = signer.sign(data)
         return canonical(body)
 
 
-_FIELDS = {f.name for f in dataclasses.fields(Envelope)}
-_REQUIRED = {"id", "task", "fence", "v", "sha256"}
+_WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(Envelope) if f.name != "extra")
+_REQUIRED = {"id", "task", "fence", "v", _CHECKSUM}
+# What the runner relies on: a message whose checksum matches but whose fields have
+# the wrong types is refused here rather than failing inside user code.
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "id": str, "task": str, "args": list, "kwargs": dict, "queue": str,
+    "idem_key": (str, type(None)), "fence": int, "attempt": int, "resurrections": int,
+    "created_ms": int, "schema_version": int,
+}  # fmt: skip
 
 
-def decode(raw: object) -> Envelope:
-    """Parse and verify a message. Raises ``EnvelopeError`` with a DLQ reason code."""
+def _parse(raw: object) -> dict[str, Any]:
     if isinstance(raw, bytes | bytearray):
         try:
             raw = raw.decode()
@@ -97,26 +138,75 @@ def decode(raw: object) -> Envelope:
         raise EnvelopeError(
             f"not an envelope: missing {', '.join(missing)}", raw=raw, reason="malformed_message"
         )
-    if body["v"] != FORMAT_VERSION:
+    return body
+
+
+def _check_format(body: dict[str, Any], raw: object) -> None:
+    v = body["v"]
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise EnvelopeError(f"bad envelope format {v!r}", raw=raw, reason="malformed_message")
+    if v > FORMAT_VERSION:
         raise EnvelopeError(
-            f"envelope format v{body['v']} is not understood (this worker reads v{FORMAT_VERSION})",
+            f"envelope format v{v} > v{FORMAT_VERSION}, the newest this relier_django "
+            "reads: it was written by a newer relier_django. Upgrade relier_django on "
+            "every worker before any producer",
             raw=raw,
             reason="schema_migration",
         )
-    claimed = body.pop("sha256")
-    actual = hashlib.sha256(canonical(body).encode()).hexdigest()
+
+
+def _check_types(body: dict[str, Any], raw: object) -> None:
+    for name, expected in _TYPES.items():
+        if name not in body:
+            continue
+        value = body[name]
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise EnvelopeError(
+                f"bad envelope: field {name!r} is a {type(value).__name__}",
+                raw=raw,
+                reason="malformed_message",
+            )
+    if body["fence"] < 1 or body.get("schema_version", 1) < 1:
+        raise EnvelopeError(
+            "bad envelope: fence and schema_version must be >= 1",
+            raw=raw,
+            reason="malformed_message",
+        )
+
+
+def decode(raw: object, signer: Signer | None = None) -> Envelope:
+    """Parse and verify a message.
+
+    The checksum is always verified. With ``signer`` (signing keys configured), the
+    HMAC must also verify with one of its keys, and an unsigned envelope is refused
+    (unless the signer accepts unsigned ones during a rollout). Without a signer, a
+    signed envelope is accepted on its checksum alone: its HMAC cannot be checked.
+
+    Raises:
+        EnvelopeError: with the raw message and a DLQ reason code:
+            ``malformed_message`` (not an envelope), ``payload_integrity`` (checksum
+            or signature), ``schema_migration`` (a newer envelope format).
+    """
+    body = _parse(raw)
+    _check_format(body, raw)
+    claimed = body.pop(_CHECKSUM)
+    signature = body.pop(_SIGNATURE, None)
+    data = canonical(body).encode()
+    actual = hashlib.sha256(data).hexdigest()
     if claimed != actual:
         raise EnvelopeError(
             f"checksum mismatch (claimed {str(claimed)[:12]}…, computed {actual[:12]}…)",
             raw=raw,
             reason="payload_integrity",
         )
-    unknown = body.keys() - _FIELDS
-    if unknown:
-        raise EnvelopeError(
-            f"unknown envelope fields {sorted(unknown)}", raw=raw, reason="malformed_message"
-        )
+    if signer is not None:
+        try:
+            signer.verify(data, signature)
+        except SignatureInvalid as exc:
+            raise EnvelopeError(str(exc), raw=raw, reason="payload_integrity") from None
+    _check_types(body, raw)
+    known = {name: body.pop(name) for name in _WIRE_FIELDS if name in body}
     try:
-        return Envelope(**{**body, "args": tuple(body.get("args", ()))})
+        return Envelope(**{**known, "args": tuple(known.get("args", ()))}, extra=body)
     except TypeError as exc:
         raise EnvelopeError(f"bad envelope: {exc}", raw=raw, reason="malformed_message") from exc

@@ -1,8 +1,11 @@
-"""One incarnation: verify → start → execute → commit | retry | dead-letter.
+"""One incarnation: verify → start → migrate → execute → commit | retry | dead-letter.
 
 Runs on the process's bridge loop. ``async def`` tasks run on the loop itself; plain
 ``def`` tasks run in a thread, so the loop stays free for heartbeats. The runner never
 imports the producer: a retry re-publishes through ``broker`` directly.
+
+With signing keys configured, every message is verified on arrival and every envelope
+the runner writes (a retry, a DLQ entry) is signed with the newest key.
 """
 
 from __future__ import annotations
@@ -22,9 +25,19 @@ from .envelope import Envelope, decode
 from .errors import EnvelopeError, TaskLost
 from .keys import KeySpace
 from .retry import backoff_s
+from .schema import Call, SchemaMismatch
 from .spec import TaskSpec
 
 logger = logging.getLogger("relier_django.runner")
+
+
+class _Unrunnable(Exception):
+    """The envelope verified, but this worker's code cannot run it (its schema).
+    Private, so no task can raise it: it always means the DLQ, never a retry."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.exc_message)
+        self.failure = failure
 
 
 class Runner:
@@ -39,6 +52,7 @@ class Runner:
         self.config = config
         self.worker = worker
         self.keys = KeySpace(config.key_prefix)
+        self.signer = config.signer  # verifies what arrives, signs what is re-published
         ttl_s = spec.result_ttl_s if spec and spec.result_ttl_s is not None else config.result_ttl_s
         self.result_ttl_ms = int(ttl_s * 1000)
 
@@ -50,7 +64,7 @@ class Runner:
         """Execute one delivered message. Never raises for task-level failures: every
         outcome is a commit, a retry, a dead-letter, or a logged refusal."""
         try:
-            env = decode(raw)
+            env = decode(raw, self.signer)
         except EnvelopeError as exc:
             logger.error("undecodable message reason=%s: %s", exc.reason, exc)
             await self._dead(
@@ -115,6 +129,10 @@ class Runner:
         except TaskLost:
             logger.warning("incarnation gave up: superseded task_id=%s fence=%s", env.id, env.fence)
             return
+        except _Unrunnable as exc:
+            beats.remove(env.id)
+            await self._dead(env, exc.failure)
+            return
         except Exception as exc:
             # Out of the heartbeat set before the outcome: a retry moves the fence, and
             # that must not read as this incarnation being superseded.
@@ -144,18 +162,51 @@ class Runner:
             if not done.accepted:
                 ctx.mark_lost()
                 raise TaskLost(f"task {env.id}: fence {env.fence} was superseded; not saved")
+            if self.config.checkpoint_dir is not None:
+                await asyncio.to_thread(
+                    checkpoint.remove_superseded_files, self.config.checkpoint_dir, env.id, stored
+                )
 
         return save
 
     async def _invoke(
         self, spec: TaskSpec, ctx: TaskContext, env: Envelope, stored_checkpoint: str
     ) -> Any:
-        if stored_checkpoint:
-            ctx._partial = checkpoint.load(stored_checkpoint)
-        args = (ctx, *env.args) if spec.wants_context else env.args
+        call = await self._arguments(spec, env)
+        if stored_checkpoint:  # a file checkpoint is read and hashed off the loop
+            ctx._partial = await asyncio.to_thread(checkpoint.load, stored_checkpoint)
+        args = (ctx, *call.args) if spec.wants_context else call.args
         if spec.is_async:
-            return await spec.fn(*args, **env.kwargs)
-        return await asyncio.to_thread(spec.fn, *args, **env.kwargs)
+            return await spec.fn(*args, **call.kwargs)
+        return await asyncio.to_thread(spec.fn, *args, **call.kwargs)
+
+    async def _arguments(self, spec: TaskSpec, env: Envelope) -> Call:
+        """The envelope's arguments, migrated to this worker's schema in memory (the
+        stored envelope keeps the producer's version, so any worker can replay it)."""
+        schema = spec.schema
+        try:
+            if env.schema_version == schema.version:
+                call = schema.upgrade(spec.name, env.schema_version, env.args, env.kwargs)
+            else:  # a migration may read a database: off the loop, like a plain def task
+                call = await asyncio.to_thread(
+                    schema.upgrade, spec.name, env.schema_version, env.args, env.kwargs
+                )
+            schema.fit(spec.name, spec.user_signature(), call)
+        except SchemaMismatch as exc:
+            failure = Failure(
+                Reason.SCHEMA_MIGRATION, "SchemaMismatch", str(exc),
+                # The user's migration failed: its traceback is what to fix.
+                "".join(traceback.format_exception(exc)) if exc.__cause__ else None,
+                worker=self.worker,
+                extra={"envelope_schema": exc.envelope_version, "worker_schema": schema.version},
+            )  # fmt: skip
+            raise _Unrunnable(failure) from exc
+        if call.migrated_from is not None:
+            logger.info(
+                "migrated arguments task_id=%s schema v%s->v%s",
+                env.id, call.migrated_from, schema.version,
+            )  # fmt: skip
+        return call
 
     async def _commit(self, env: Envelope, result: Any) -> None:
         try:
@@ -209,9 +260,14 @@ class Runner:
             if spec.retry_backoff_max_s is not None
             else self.config.retry_backoff_max_s,
         )
+        # From the envelope as received, not the migrated call: the stored copy keeps
+        # the producer's schema version.
         nxt = env.next_incarnation(attempt=env.attempt + 1)
+        encoded = nxt.encode(self.signer)
         grace_ms = int(self.config.queued_grace_s * 1000)
-        call = fencing.retry(self.keys, env, nxt, int(delay_s * 1000), grace_ms, error)
+        call = fencing.retry(
+            self.keys, env, nxt, int(delay_s * 1000), grace_ms, error, encoded=encoded
+        )
         stored = await call.arun(self.client)
         if not stored.accepted:
             logger.warning(
@@ -225,7 +281,7 @@ class Runner:
             "retrying task_id=%s attempt=%s in %.2fs after %s", env.id, nxt.attempt, delay_s, error
         )
         try:
-            await broker.asend(self.app, nxt, None, delay_s)
+            await broker.asend(self.app, nxt, encoded, delay_s)
         except Exception:
             # Stored and covered by the expiry index: it is re-dispatched once its
             # queued grace runs out, so nothing is lost; only delayed.
@@ -242,8 +298,9 @@ class Runner:
         # A message that is no envelope is filed under the task it was addressed to.
         task = self.spec.name if self.spec is not None else ""
         call = dlq.dead_letter(
-            self.keys, failure, self.result_ttl_ms, env=env, raw=raw, queue=self.queue, task=task
-        )
+            self.keys, failure, self.result_ttl_ms, env=env, raw=raw, queue=self.queue,
+            task=task, signer=self.signer,
+        )  # fmt: skip
         moved = await call.arun(self.client)
         if moved.accepted:
             logger.error(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .idempotency import KeyOption
 from .rates import Rate
+from .schema import Schema
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,8 @@ class TaskSpec:
     hard_timeout_s: float | None = None  # async def only: cancelled, then the DLQ
     on_soft_timeout: Callable[..., Any] | None = None  # called with the TaskContext
     rate_limit: Rate | None = None  # push admission for this task (settings win)
+    # The arguments' schema version and the migrations from older ones (@rl_task(version=)).
+    schema: Schema = field(default_factory=Schema)
 
     @property
     def is_async(self) -> bool:

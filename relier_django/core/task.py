@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from celery import Task, shared_task
 
 from . import bridge, celery_signals, config, producer
 from .idempotency import KeyOption
+from .producer import PushWith
 from .rates import Rate
 from .receipt import Receipt
 from .runner import Runner
+from .schema import Migration, Schema
 from .spec import TaskSpec
 
 
@@ -29,21 +31,53 @@ class RelierTask(Task):  # type: ignore[misc]
     typing = False  # arguments are checked by push(); the Celery message carries one envelope
 
     def push(self, *args: Any, **kwargs: Any) -> Receipt:
-        """Dispatch the task from sync code.
+        """Dispatch the task from sync code. Every argument goes to the task.
 
-        Once this returns, the task is stored in Redis and handed to the broker: it
-        runs to a committed result or lands in the dead-letter queue.
+        Outside a transaction, once this returns the task is stored in Redis and
+        handed to the broker (``receipt.dispatched``): it runs to a committed result
+        or lands in the dead-letter queue.
+
+        Inside ``transaction.atomic()`` on Django's default database, the arguments
+        are checked now and the receipt (``receipt.pending``, with its ``task_id``)
+        comes back at once; the store and the send happen when the transaction
+        commits, and never if it rolls back. After the commit the receipt is
+        ``dispatched``, ``deduplicated`` (idempotent tasks) or ``failed`` (the send
+        gave up after retries: logged at ERROR with the envelope). For another
+        database, or to send at once anyway, use :meth:`push_with`.
 
         Raises:
             TypeError: an argument does not fit the signature or is not JSON-serialisable.
             RuntimeError: called inside a running event loop (use ``apush``).
-            redis.exceptions.RedisError / kombu errors: nothing was dispatched.
+            AdmissionRejected: over a rate limit (only when sent at once).
+            redis.exceptions.RedisError / kombu errors: nothing was dispatched (only
+                when sent at once).
         """
         return producer.push(self.relier_spec, self.app, args, kwargs)
 
     async def apush(self, *args: Any, **kwargs: Any) -> Receipt:
-        """Dispatch the task from async code; same guarantees as :meth:`push`."""
+        """Dispatch the task from async code; same guarantees as :meth:`push`.
+
+        Async code has database connections of its own and cannot open ``atomic()``,
+        so ``apush`` sends at once: no transaction of a sync caller reaches it. Push
+        from the sync code that holds the transaction (e.g. inside the
+        ``sync_to_async`` function) with ``push()`` to wait for its commit.
+        """
         return await producer.apush(self.relier_spec, self.app, args, kwargs)
+
+    def push_with(self, *, on_commit: bool = True, using: str | None = None) -> PushWith:
+        """Options for one push, apart from the task's arguments (no parameter name of
+        a task is reserved): ``task.push_with(using="orders").push(order_id)``.
+
+        Args:
+            on_commit: False sends at once, even inside a transaction.
+            using: the database alias whose transaction the push waits for (default:
+                Django's default database). An alias not in ``DATABASES`` raises at push.
+
+        Raises:
+            TypeError: an option of the wrong type.
+            ValueError: ``using`` together with ``on_commit=False``.
+        """
+        return PushWith(self.relier_spec, self.app, on_commit=on_commit, using=using)
 
     def delay(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
@@ -96,6 +130,8 @@ def rl_task(
     hard_timeout: float | None = None,
     on_soft_timeout: Callable[..., Any] | None = None,
     rate_limit: str | None = None,
+    version: int = 1,
+    migrations: Mapping[int, Migration] | None = None,
 ) -> Any:
     """Declare a task that cannot be lost. Works on ``async def`` and plain ``def``.
 
@@ -129,11 +165,21 @@ def rl_task(
             ``retry_after_s`` and nothing is stored or sent. The setting
             ``ADMISSION_TASK_LIMITS`` wins over it. Unlike Celery's own ``rate_limit``
             (which slows execution on each worker), this refuses work at the door.
+        version: the schema version of the task's arguments, carried by every push.
+            Bump it when the signature changes in a way old pushes do not fit.
+        migrations: ``{from_version: fn(args, kwargs) -> (args, kwargs)}``, one step
+            per version, an unbroken chain up to ``version``. A worker applies them in
+            memory before running an older push; the stored envelope keeps its
+            version. A push from a newer version, or one with no path, goes to the
+            DLQ with reason ``schema_migration``. See docs/rolling-deploys.md.
 
     Raises:
         ValueError: timeouts on a plain ``def`` task, ``soft_timeout >= hard_timeout``,
-            a non-positive timeout, ``on_soft_timeout`` without ``soft_timeout``, or a
-            ``rate_limit`` that is not a rate.
+            a non-positive timeout, ``on_soft_timeout`` without ``soft_timeout``, a
+            ``rate_limit`` that is not a rate, a ``version`` below 1, or
+            ``migrations`` keys outside ``1..version-1`` or with a hole.
+        TypeError: a ``version`` that is not an int, or a migration that is not
+            callable.
     """
     if idempotency_key is not None and not idempotent:
         raise ValueError("idempotency_key= only makes sense with idempotent=True")
@@ -144,6 +190,7 @@ def rl_task(
 
     _check_timeouts(soft_timeout, hard_timeout, on_soft_timeout)
     own_rate = Rate.parse(rate_limit) if rate_limit is not None else None
+    schema = Schema(version, migrations or {})
 
     def decorate(func: Callable[..., Any]) -> RelierTask:
         if not callable(func):
@@ -162,7 +209,7 @@ def rl_task(
             max_resurrections=max_resurrections, retry_on=retry_on, max_retries=max_retries,
             retry_backoff_s=retry_backoff, retry_backoff_max_s=retry_backoff_max,
             soft_timeout_s=soft_timeout, hard_timeout_s=hard_timeout,
-            on_soft_timeout=on_soft_timeout, rate_limit=own_rate,
+            on_soft_timeout=on_soft_timeout, rate_limit=own_rate, schema=schema,
         )  # fmt: skip
         celery_signals.connect()
         body = _make_body(func)

@@ -1,17 +1,32 @@
-"""Envelopes: canonical, checksummed, and every corruption is caught with a reason."""
+"""Envelopes: canonical, checksummed, optionally HMAC-signed, and every corruption is
+caught with a reason (G5); decode is tolerant in the documented ways."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 
-from relier_django.core.envelope import Envelope, canonical, decode
-from relier_django.core.errors import EnvelopeError
+from relier_django.core import signing
+from relier_django.core.config import Config
+from relier_django.core.envelope import FORMAT_VERSION, Envelope, canonical, decode
+from relier_django.core.errors import ConfigError, EnvelopeError
+from relier_django.core.signing import Signer, key_id
 
 ENV = Envelope(
     id="t1", task="demo.record", args=("a", 1), kwargs={"x": [1, 2]}, queue="q", created_ms=5
 )
+NEW = "n" * 40  # test keys: long enough, obviously not secret
+OLD = "o" * 40
+
+
+def with_checksum(body: dict) -> str:
+    """What an attacker who can write the broker does: recompute the plain checksum."""
+    body = {k: v for k, v in body.items() if k != "sha256"}
+    unsigned = {k: v for k, v in body.items() if k != "hmac"}
+    body["sha256"] = hashlib.sha256(canonical(unsigned).encode()).hexdigest()
+    return json.dumps(body)
 
 
 def test_round_trip_is_exact():
@@ -65,3 +80,163 @@ def test_garbage_is_rejected_with_a_reason_and_its_raw_body(raw, reason):
 def test_next_incarnation_bumps_only_the_fence_and_what_is_asked():
     nxt = ENV.next_incarnation(attempt=2)
     assert (nxt.fence, nxt.attempt, nxt.args, nxt.id) == (2, 2, ENV.args, ENV.id)
+
+
+# --- versions and tolerance ------------------------------------------------------------
+
+
+def test_the_tasks_schema_version_is_carried_apart_from_the_format_version():
+    env = Envelope(id="t", task="x", schema_version=3)
+    body = json.loads(env.encode())
+    assert (body["schema_version"], body["v"]) == (3, FORMAT_VERSION)
+    assert decode(env.encode()).schema_version == 3
+
+
+def test_an_envelope_without_a_schema_version_reads_as_version_1():
+    body = json.loads(ENV.encode())
+    del body["schema_version"]
+    assert decode(with_checksum(body)).schema_version == 1
+
+
+def test_fields_from_a_newer_release_are_kept_and_written_back():
+    body = json.loads(ENV.encode())
+    body["priority"] = {"level": 5}
+    env = decode(with_checksum(body))
+    assert env.extra == {"priority": {"level": 5}}
+    # A retry or resurrection on this older worker re-emits it, checksummed.
+    again = json.loads(env.next_incarnation().encode())
+    assert again["priority"] == {"level": 5}
+    assert decode(json.dumps(again)).extra == env.extra
+
+
+def test_a_newer_envelope_format_says_to_upgrade_relier_django_first():
+    body = json.loads(ENV.encode())
+    body["v"] = FORMAT_VERSION + 1
+    with pytest.raises(EnvelopeError, match=r"format v2 > v1.*Upgrade relier_django") as err:
+        decode(with_checksum(body))
+    assert err.value.reason == "schema_migration"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("args", "a,1"), ("kwargs", [1]), ("fence", True), ("schema_version", 0), ("v", "1")],
+)
+def test_fields_of_the_wrong_type_are_malformed_even_with_a_good_checksum(name, value):
+    body = json.loads(ENV.encode())
+    body[name] = value
+    with pytest.raises(EnvelopeError) as err:
+        decode(with_checksum(body))
+    assert err.value.reason == "malformed_message"
+
+
+# --- signing ----------------------------------------------------------------------------
+
+
+def test_a_signed_envelope_verifies_and_names_the_newest_key():
+    signer = Signer([NEW, OLD])
+    raw = ENV.encode(signer)
+    assert json.loads(raw)["hmac"]["kid"] == key_id(NEW)
+    assert decode(raw, signer) == ENV
+
+
+def test_tampered_arguments_with_a_recomputed_checksum_fail_the_signature():
+    signer = Signer([NEW])
+    body = json.loads(ENV.encode(signer))
+    body["args"] = ["a", 1_000_000]
+    tampered = with_checksum(body)
+    decode(tampered)  # the checksum alone is satisfied: that is what signing is for
+    with pytest.raises(EnvelopeError, match="HMAC does not match") as err:
+        decode(tampered, signer)
+    assert err.value.reason == "payload_integrity"
+    assert err.value.raw == tampered
+
+
+def test_an_unsigned_envelope_is_refused_when_keys_are_configured():
+    with pytest.raises(EnvelopeError, match=r"not signed.*SIGNING_KEYS") as err:
+        decode(ENV.encode(), Signer([NEW]))
+    assert err.value.reason == "payload_integrity"
+
+
+def test_a_stripped_signature_is_refused_too():
+    body = json.loads(ENV.encode(Signer([NEW])))
+    del body["hmac"]
+    with pytest.raises(EnvelopeError, match="not signed"):
+        decode(json.dumps(body), Signer([NEW]))
+
+
+def test_during_a_rollout_unsigned_is_accepted_but_a_bad_signature_never_is():
+    rollout = Signer([NEW], accept_unsigned=True)
+    assert decode(ENV.encode(), rollout) == ENV
+    body = json.loads(ENV.encode(rollout))
+    body["args"] = ["evil"]
+    with pytest.raises(EnvelopeError, match="HMAC does not match"):
+        decode(with_checksum(body), rollout)
+
+
+def test_rotation_an_old_keys_envelope_verifies_while_the_old_key_is_listed():
+    signed_old = ENV.encode(Signer([OLD]))
+    assert decode(signed_old, Signer([NEW, OLD])) == ENV
+    with pytest.raises(EnvelopeError, match=rf"key id {key_id(OLD)}.*not among") as err:
+        decode(signed_old, Signer([NEW]))
+    assert err.value.reason == "payload_integrity"
+    # Re-encoding (a retry, a resurrection, a release) moves it to the new key.
+    assert json.loads(ENV.encode(Signer([NEW, OLD])))["hmac"]["kid"] == key_id(NEW)
+
+
+def test_without_keys_a_signed_envelope_still_verifies_its_checksum():
+    body = json.loads(ENV.encode(Signer([NEW])))
+    assert decode(json.dumps(body)) == ENV
+    body["args"] = ["changed"]  # checksum not recomputed
+    with pytest.raises(EnvelopeError, match="checksum"):
+        decode(json.dumps(body))
+
+
+def test_a_malformed_signature_is_an_integrity_failure():
+    body = json.loads(ENV.encode())
+    body["hmac"] = "deadbeef"
+    with pytest.raises(EnvelopeError, match="signature is malformed") as err:
+        decode(json.dumps(body), Signer([NEW]))
+    assert err.value.reason == "payload_integrity"
+
+
+@pytest.mark.parametrize("keys", [("short",), (NEW, "x" * 31)])
+def test_short_keys_are_refused_without_printing_them(keys):
+    with pytest.raises(ConfigError, match=r"signing_keys\[\d\] is \d+ bytes.*at least 32") as err:
+        Config(signing_keys=keys)
+    assert keys[-1] not in str(err.value)
+    with pytest.raises(ConfigError):
+        Signer(keys)
+
+
+def test_keys_must_be_a_list_of_strings():
+    with pytest.raises(ConfigError, match="must be a list"):
+        Config(signing_keys=NEW)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"\[0\] must be a string"):
+        signing.check_keys([NEW.encode()])
+
+
+def test_keys_never_appear_in_a_repr():
+    cfg = Config(signing_keys=(NEW, OLD))
+    for text in (repr(cfg), repr(cfg.signer), str(cfg)):
+        assert NEW not in text and OLD not in text
+    assert key_id(NEW) in repr(cfg.signer)
+
+
+def test_no_keys_means_no_signer_and_unsigned_envelopes():
+    assert Config().signer is None
+    assert "hmac" not in json.loads(ENV.encode(Config().signer))
+
+
+def test_signing_keys_come_from_the_environment_comma_separated(settings, monkeypatch):
+    from relier_django import conf
+
+    settings.RELIER = {}
+    monkeypatch.setenv("RELIER_SIGNING_KEYS", f"{NEW}, {OLD}")
+    conf.get_config.cache_clear()
+    try:
+        cfg = conf.get_config()
+        assert cfg.signing_keys == (NEW, OLD)
+        assert cfg.signer is not None and cfg.signer.key_ids == (key_id(NEW), key_id(OLD))
+    finally:
+        monkeypatch.delenv("RELIER_SIGNING_KEYS")
+        conf.get_config.cache_clear()
