@@ -12,7 +12,7 @@ from typing import Any
 from celery import current_app
 
 from . import conf
-from .core.connection import redact, sync_client
+from .core.connection import describe, sync_client
 from .core.dlq import Entry, Reason, Summary, iso
 from .core.dlq_store import MAX_PAGE, Counts, Cursor, DeadLetterStore, Page, Query
 from .core.errors import EntryNotReleasable
@@ -47,8 +47,9 @@ def store() -> DeadLetterStore:
 
 
 def redis_location() -> str:
-    """The configured Redis URL with any password hidden, for error messages."""
-    return redact(conf.get_config().redis_url)
+    """Where relier's Redis is (the URL, or the Sentinel master and its sentinels), with
+    any password hidden, for error messages and the admin's "Redis down" page."""
+    return describe(conf.get_config())
 
 
 def _app() -> Any:

@@ -1,5 +1,6 @@
 """Worker lifecycle hooks, connected by ``@rl_task`` (idempotent).
 
+- ``worker_init``: the worker refuses to start while relier's Redis is unreachable.
 - ``celeryd_after_setup``: the worker consumes the recovery queue, whatever ``-Q``
   says, so resurrected tasks always find a consumer.
 - ``worker_ready``: the embedded resurrector (a scanner thread in the worker's main
@@ -22,10 +23,11 @@ import threading
 import time
 from typing import Any
 
+import redis
 from celery import signals
 
 from . import bridge, config, fencing
-from .connection import sync_client
+from .connection import describe, sync_client
 from .keys import KeySpace
 from .reservations import Reservations, fence_of
 from .resurrector import Scanner
@@ -42,10 +44,39 @@ def worker_id(hostname: object = None) -> str:
     return f"{hostname or os.uname().nodename}:{os.getpid()}"
 
 
+# A worker that cannot reach relier's Redis could neither start nor commit a task:
+# every message it took would wait out a grace period before running elsewhere. It
+# refuses to start instead, after a short wait for a Redis starting beside it.
+_STARTUP_WAIT_S = 5.0
+
+
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Refuse to start (exit status 1) while relier's Redis is unreachable."""
+    cfg = config.current()
+    deadline = time.monotonic() + _STARTUP_WAIT_S
+    while True:
+        try:
+            sync_client(cfg, fail_fast=True).ping()
+            return
+        except redis.exceptions.RedisError as exc:
+            if time.monotonic() >= deadline:
+                # SystemExit, not an Exception: Celery's signal dispatch logs and swallows
+                # an Exception, and the worker would start anyway. Python prints the
+                # message on stderr, even before logging is set up.
+                raise SystemExit(
+                    f"relier_django: Redis at {describe(cfg)} is unreachable ({exc}); "
+                    "this worker refuses to start, since it could neither run nor commit a "
+                    "task. Start that Redis, or correct the REDIS_URL setting "
+                    "(RELIER_REDIS_URL)."
+                ) from exc
+            time.sleep(0.5)
+
+
 def _on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
     queue = config.current().recovery_queue
     instance.app.amqp.queues.select_add(queue)
     logger.info("consuming the recovery queue %s", queue)
+    logger.info("relier's Redis: %s", describe(config.current()))  # passwords redacted
 
 
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
@@ -154,6 +185,7 @@ def _on_task_unknown(sender: Any = None, message: Any = None, name: str = "", **
 def connect() -> None:
     """Connect the hooks (idempotent)."""
     uid = "relier_django."
+    signals.worker_init.connect(_on_worker_init, dispatch_uid=uid + "worker_init", weak=False)
     signals.celeryd_after_setup.connect(
         _on_after_setup, dispatch_uid=uid + "after_setup", weak=False
     )

@@ -85,6 +85,20 @@ def save(keys: KeySpace, task_id: str, fence: int, stored: str) -> scripts.Scrip
     )
 
 
+def remove_superseded_files(directory: str, task_id: str, current: str) -> None:
+    """After ``current`` was accepted as the task's checkpoint: delete its other files.
+
+    Only the record Redis holds can ever be loaded again (a new incarnation starts from
+    it, a release restores it), so every earlier file of the task is garbage; without
+    this a long task that checkpoints often would fill ``checkpoint_dir``.
+    """
+    keep = json.loads(current).get("file")
+    folder = _task_dir(directory, task_id)
+    for path in folder.glob("*.json"):
+        if str(path) != keep:
+            path.unlink(missing_ok=True)
+
+
 def remove_files(directory: str | None, task_id: str) -> None:
     """Delete a task's checkpoint files (after its commit, or its DLQ entry's delete);
     ``directory`` is the ``checkpoint_dir`` in force (None: there are no files)."""

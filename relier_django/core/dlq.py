@@ -18,6 +18,7 @@ from .envelope import Envelope, canonical
 from .errors import RelierError
 from .fencing import Transition, history_tail, parse_transition
 from .keys import KeySpace
+from .signing import Signer
 
 SUMMARY_CHARS = 200
 
@@ -54,7 +55,14 @@ class Failure:
         return f"{self.exc_type}: {self.exc_message}" if self.exc_message else self.exc_type
 
 
-def _entry(task_id: str, entry_id: str, failure: Failure, env: Envelope | None, raw: object) -> str:
+def _entry(
+    task_id: str,
+    entry_id: str,
+    failure: Failure,
+    env: Envelope | None,
+    raw: object,
+    signer: Signer | None,
+) -> str:
     body: dict[str, Any] = {
         "id": entry_id,
         "task_id": task_id,
@@ -71,7 +79,9 @@ def _entry(task_id: str, entry_id: str, failure: Failure, env: Envelope | None, 
             queue=env.queue,
             fence=env.fence,
             attempt=env.attempt,
-            envelope=json.loads(env.encode()),
+            # Signed: a release verifies it before re-signing, so an entry edited in
+            # Redis cannot be laundered into a validly signed message.
+            envelope=json.loads(env.encode(signer)),
         )
     else:
         body["raw"] = raw if isinstance(raw, str) else repr(raw)
@@ -84,6 +94,17 @@ def _summary(failure: Failure) -> str:
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
 
 
+@dataclass(frozen=True, slots=True)
+class StoredTask:
+    """A stored task as its hash describes it, for when its envelope cannot be read."""
+
+    task_id: str
+    fence: int
+    task: str
+    queue: str
+    idem_key: str | None  # the full idempotency key, as push.lua stored it
+
+
 def dead_letter(
     keys: KeySpace,
     failure: Failure,
@@ -93,14 +114,32 @@ def dead_letter(
     raw: object = None,
     queue: str = "",
     task: str = "",
+    signer: Signer | None = None,
+    stored: StoredTask | None = None,
 ) -> scripts.ScriptCall[Transition]:
     """dead_letter.lua. With ``env`` the move is fenced to that incarnation and the
     task's working keys go with it; without, only the entry is written: a message
     that cannot be tied to a stored task keeps its raw body, with the ``queue`` it
-    arrived on and the ``task`` it was addressed to, when known."""
-    entry_id = env.id if env is not None else f"msg-{uuid.uuid4()}"
-    task_id = env.id if env is not None else entry_id
-    idem = keys.idempotency(env.task, env.idem_key) if env is not None and env.idem_key else None
+    arrived on and the ``task`` it was addressed to, when known. Pass the config's
+    ``signer`` when signing is on, or the entry cannot be released.
+
+    ``stored``: a stored task whose own envelope cannot be read (a copy edited in
+    Redis, a key removed too early), described by its task hash: the move is fenced
+    to it, its working keys and idempotency claim go, as with ``env``, and the entry
+    keeps the ``raw`` text.
+    """
+    idem: str | None = None
+    if env is not None:
+        entry_id = task_id = env.id
+        fence = str(env.fence)
+        idem = keys.idempotency(env.task, env.idem_key) if env.idem_key else None
+    elif stored is not None:
+        entry_id = task_id = stored.task_id
+        fence = str(stored.fence)
+        task, queue, idem = stored.task, stored.queue, stored.idem_key
+    else:
+        entry_id = task_id = f"msg-{uuid.uuid4()}"
+        fence = ""
     tail = history_tail(
         "dead",
         fence=env.fence if env else None,
@@ -113,9 +152,9 @@ def dead_letter(
         keys.for_dead_letter(task_id, entry_id, idem),
         [
             task_id,
-            str(env.fence) if env is not None else "",
+            fence,
             entry_id,
-            _entry(task_id, entry_id, failure, env, raw),
+            _entry(task_id, entry_id, failure, env, raw, signer),
             outcome.failed(str(failure.reason), failure.error, entry_id),
             result_ttl_ms,
             tail,

@@ -7,6 +7,7 @@ current fence (G2).
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,11 +38,14 @@ def _parse_start(reply: list[Any]) -> StartResult:
 def start(
     keys: KeySpace, env: Envelope, worker: str, ttl_ms: int
 ) -> scripts.ScriptCall[StartResult]:
+    """start.lua: claim this incarnation's one start. The call carries a fresh run
+    token, so running this same call again (a retry after a lost reply) is answered
+    as the start it made, while any other delivery of the incarnation is refused."""
     tail = history_tail("start", fence=env.fence, attempt=env.attempt, worker=worker)
     return scripts.ScriptCall(
         scripts.START,
         keys.for_start(env.id),
-        [env.id, env.fence, worker, ttl_ms, tail],
+        [env.id, env.fence, worker, ttl_ms, tail, uuid.uuid4().hex],
         _parse_start,
     )
 
@@ -98,9 +102,17 @@ def commit(
 
 
 def retry(
-    keys: KeySpace, env: Envelope, nxt: Envelope, delay_ms: int, grace_ms: int, error: str
+    keys: KeySpace,
+    env: Envelope,
+    nxt: Envelope,
+    delay_ms: int,
+    grace_ms: int,
+    error: str,
+    *,
+    encoded: str,
 ) -> scripts.ScriptCall[Transition]:
-    """Store ``nxt`` (fence + 1) as the task's next incarnation."""
+    """Store ``nxt`` (fence + 1), encoded as ``encoded`` (signed when signing is on,
+    the same string the broker gets), as the task's next incarnation."""
     assert nxt.fence == env.fence + 1, "the next incarnation must carry fence + 1"
     tail = history_tail(
         "retry", fence=env.fence, attempt=env.attempt, error=error, delay_ms=delay_ms
@@ -108,7 +120,7 @@ def retry(
     return scripts.ScriptCall(
         scripts.RETRY,
         keys.for_retry(env.id),
-        [env.id, env.fence, nxt.encode(), delay_ms, grace_ms, tail],
+        [env.id, env.fence, encoded, delay_ms, grace_ms, tail],
         parse_transition,
     )
 

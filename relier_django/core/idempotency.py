@@ -34,6 +34,7 @@ class StoreResult:
     stored: bool
     task_id: str  # the new task, or the one that holds the idempotency claim
     id_taken: bool = False  # a live task has this id
+    id_finished: bool = False  # a finished task's outcome, still kept, has this id
     id_in_dlq: bool = False  # a DLQ entry has this id
     refused_for_s: float = 0.0  # > 0: admission control refused it; retry after this
 
@@ -43,7 +44,9 @@ def _parse_store(reply: list[Any]) -> StoreResult:
     if code == -3:
         return StoreResult(False, "", refused_for_s=int(reply[1]) / 1000)
     task_id = str(reply[1])
-    return StoreResult(code == 1, task_id, id_taken=code == -1, id_in_dlq=code == -2)
+    return StoreResult(
+        code == 1, task_id, id_taken=code == -1, id_in_dlq=code == -2, id_finished=code == -4
+    )
 
 
 def store(

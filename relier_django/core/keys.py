@@ -120,8 +120,8 @@ class KeySpace:
     def for_push(
         self, task_id: str, idem_key: str | None, admission: Sequence[str] = ()
     ) -> list[str]:
-        keys = [self.task(task_id), self.history(task_id), self.expiry, self.dlq_entry(task_id)]
-        keys += admission
+        keys = [self.task(task_id), self.history(task_id), self.expiry, self.dlq_entry(task_id),
+                self.result(task_id), *admission]  # fmt: skip
         return [*keys, idem_key] if idem_key else keys
 
     def for_abort(self, task_id: str, idem_key: str | None) -> list[str]:

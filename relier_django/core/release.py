@@ -36,12 +36,13 @@ def _max_resurrections(app: Any, task_name: str, config: Config) -> int:
     return config.max_resurrections
 
 
-def _envelope(entry_id: str, entry: dlq.Entry) -> Envelope:
+def _envelope(entry_id: str, entry: dlq.Entry, config: Config) -> Envelope:
     stored = entry.data.get("envelope")
     if stored is None:
         raise EntryNotReleasable(entry_id, "it holds no envelope (a malformed message); inspect it")
     try:
-        return decode(json.dumps(stored))
+        # Verified before it is re-signed: an entry edited in Redis stays refused.
+        return decode(json.dumps(stored), config.signer)
     except EnvelopeError as exc:
         raise EntryNotReleasable(entry_id, f"its envelope does not verify: {exc}") from exc
 
@@ -70,9 +71,9 @@ def release(app: Any, config: Config, entry_id: str, expected_fence: int | None 
             f"no such entry in the dead-letter queue holding the failure at fence "
             f"{expected_fence} (it holds fence {entry.fence})",
         )
-    env = _envelope(entry_id, entry)
+    env = _envelope(entry_id, entry, config)
     fresh = dataclasses.replace(env, fence=env.fence + 1, attempt=1, resurrections=0)
-    encoded = fresh.encode()
+    encoded = fresh.encode(config.signer)
     idem = keys.idempotency(env.task, env.idem_key) if env.idem_key else None
     grace_ms = int(config.queued_grace_s * 1000)
     tail = history_tail("released", fence=fresh.fence, entry=entry_id, reason=entry.reason)

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,8 @@ logger = logging.getLogger("relier_django.resurrector")
 @dataclass(frozen=True, slots=True)
 class PassReport:
     """What one pass did. ``outcomes`` counts per task: resurrected, dead_lettered,
-    skipped (alive again, or leased by another pass), send_failed, unreadable."""
+    skipped (alive again, or leased by another pass), send_failed, unreadable (its
+    stored copy could not be read, so it was dead-lettered)."""
 
     expired: int = 0
     deferred: int = 0
@@ -52,11 +54,27 @@ class PassReport:
         return self.outcomes.get("resurrected", 0)
 
 
-def _parse_resurrect(reply: list[Any]) -> tuple[int, Any, Any, Any]:
-    code = int(reply[0])
-    if code == 0:
-        return code, reply[1], None, None
-    return code, int(reply[1]), reply[2], int(reply[3])
+@dataclass(frozen=True, slots=True)
+class _Leased:
+    """resurrect.lua's reply: code 1 leased, 2 over the limit, 0 skipped."""
+
+    code: int
+    fence: int = -1
+    env: str = ""
+    resurrections: int = 0
+    stored: dlq.StoredTask | None = None
+
+
+def _parse_resurrect(task_id: str) -> Callable[[list[Any]], _Leased]:
+    def parse(reply: list[Any]) -> _Leased:
+        code = int(reply[0])
+        if code == 0:
+            return _Leased(0)
+        fence = int(reply[1])
+        stored = dlq.StoredTask(task_id, fence, reply[4], reply[5], reply[6] or None)
+        return _Leased(code, fence, reply[2], int(reply[3]), stored)
+
+    return parse
 
 
 class Resurrector:
@@ -135,20 +153,22 @@ class Resurrector:
         lease_ms = int(self.config.resurrect_lease_s * 1000)
         call = scripts.ScriptCall(
             scripts.RESURRECT, self.keys.for_resurrect(task_id),
-            [task_id, lease_ms, self.scanner_id], _parse_resurrect,
+            [task_id, lease_ms, self.scanner_id], _parse_resurrect(task_id),
         )  # fmt: skip
-        code, fence, raw_env, resurrections = call.run(self.client)
-        if code == 0:
+        leased = call.run(self.client)
+        if leased.code == 0 or leased.stored is None:
             return "skipped"
+        fence, resurrections = leased.fence, leased.resurrections
         try:
-            env = decode(raw_env)
-        except EnvelopeError:
-            logger.error("stored envelope unreadable task_id=%s; left for an operator", task_id)
-            return "unreadable"
-        if code == 2:
+            # Verified before it is re-signed: a stored copy edited in Redis must not
+            # come back out with a valid signature.
+            env = decode(leased.env, self.config.signer)
+        except EnvelopeError as exc:
+            return self._dead_letter_unreadable(leased.stored, leased.env, exc)
+        if leased.code == 2:
             return self._dead_letter(dataclasses.replace(env, fence=fence), resurrections)
         nxt = dataclasses.replace(env, fence=fence, resurrections=resurrections + 1)
-        encoded = nxt.encode()
+        encoded = nxt.encode(self.config.signer)
         try:
             broker.send(self.app, nxt, encoded, queue=self.config.recovery_queue)
         except Exception:
@@ -175,6 +195,25 @@ class Resurrector:
         )
         return "resurrected"
 
+    def _dead_letter_unreadable(self, stored: dlq.StoredTask, raw: str, exc: EnvelopeError) -> str:
+        # Nothing can run it again, and leaving it would re-lease it every pass forever:
+        # the DLQ keeps the stored text for an operator, with the reason.
+        failure = Failure(
+            Reason(exc.reason), type(exc).__name__,
+            f"the stored copy of the task cannot be read: {exc}", worker=self.scanner_id,
+        )  # fmt: skip
+        ttl_ms = int(self.config.result_ttl_s * 1000)
+        call = dlq.dead_letter(self.keys, failure, ttl_ms, env=None, raw=raw, stored=stored)
+        if call.run(self.client).accepted:
+            logger.error(
+                "dead-lettered task_id=%s reason=%s: stored envelope unreadable: %s",
+                stored.task_id,
+                exc.reason,
+                exc,
+            )
+            return "unreadable"
+        return "skipped"
+
     def _dead_letter(self, env: Envelope, resurrections: int) -> str:
         failure = Failure(
             Reason.RESURRECTION_LIMIT, None,
@@ -183,7 +222,8 @@ class Resurrector:
             worker=self.scanner_id,
         )  # fmt: skip
         ttl_ms = int(self.config.result_ttl_s * 1000)
-        moved = dlq.dead_letter(self.keys, failure, ttl_ms, env=env).run(self.client)
+        call = dlq.dead_letter(self.keys, failure, ttl_ms, env=env, signer=self.config.signer)
+        moved = call.run(self.client)
         if moved.accepted:
             logger.error("dead-lettered task_id=%s reason=resurrection_limit", env.id)
             return "dead_lettered"

@@ -96,9 +96,10 @@ def test_large_checkpoints_go_to_files_and_are_removed_on_commit(
 ):
     folder = tmp_path / "checkpoints"
     worker_factory(extra_env={"RELIER_CHECKPOINT_DIR": str(folder)})
-    receipt = tasks.checkpoint_bytes.push(200_000)
-    assert receipt.get(timeout=30) == str(200_000)
-    assert not any(folder.rglob("*.json"))  # the file went with the commit
+    receipt = tasks.checkpoint_bytes.push(200_000, saves=3)
+    # Read back whole, from a file; each accepted save removed the one before it.
+    assert receipt.get(timeout=30) == {"bytes": 200_000, "files": 1}
+    assert not any(folder.rglob("*.json"))  # the last file went with the commit
 
 
 def test_a_superseded_incarnation_cannot_overwrite_the_checkpoint(redis_client):

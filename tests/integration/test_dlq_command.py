@@ -317,6 +317,23 @@ def test_purge_asks_on_a_terminal_and_deletes_only_on_yes(store, monkeypatch, an
     assert store.size() == left
 
 
+def test_an_entry_that_lands_while_the_operator_reads_the_prompt_is_not_purged(store, monkeypatch):
+    fail(arg="counted")
+    landed: list[str] = []
+
+    class SlowOperator(FakeTerminal):
+        def readline(self, size: int = -1) -> str:
+            time.sleep(0.01)  # a new failure, later on the Redis clock than the question
+            landed.append(fail(arg="landed-meanwhile"))
+            return super().readline(size)
+
+    monkeypatch.setattr(sys, "stdin", SlowOperator("y\n"))
+    out, _ = run("purge")
+    assert out.startswith("Delete 1 entry for good? [y/N] ")
+    assert out.endswith("Deleted 1 entry.\n")
+    assert listed() == landed  # not counted, so not deleted
+
+
 def test_purge_prompt_counts_only_the_entries_older_than_the_cutoff(store, monkeypatch):
     fail(arg="old")
     time.sleep(0.01)

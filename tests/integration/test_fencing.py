@@ -98,3 +98,19 @@ def test_start_refuses_a_second_delivery_of_the_current_incarnation(redis_client
     assert first.started and not second.started
     assert (second.refusal, second.current_fence) == ("started", 1)
     assert client.hget(KEYS.task(env.id), "worker") == "w:1"
+
+
+def test_a_replayed_start_is_the_start_it_made_and_another_delivery_is_refused(redis_client):
+    """A start whose reply was lost is retried by the client: the same call must be
+    answered as the start it made (else the worker abandons its own valid run and the
+    task waits a whole TTL), while another delivery, even from the same worker, is not."""
+    client = sync_client(config.current())
+    env = producer.prepare(tasks.record.relier_spec, ("replayed",), {})
+    idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client)
+    call = fencing.start(KEYS, env, "w:1", 10_000)
+    first, replay = call.run(client), call.run(client)
+    assert first == replay and first.started and first.current_fence == 1
+    other = fencing.start(KEYS, env, "w:1", 10_000).run(client)
+    assert not other.started and other.refusal == "started"
+    starts = [e for e in client.lrange(KEYS.history(env.id), 0, -1) if '"start"' in e]
+    assert len(starts) == 1  # the replay recorded nothing new

@@ -10,10 +10,13 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from relier_django.core import config, idempotency, producer
 from relier_django.core.connection import sync_client
 from relier_django.core.envelope import Envelope
 from relier_django.core.keys import KeySpace
+from testproject.celery import app
 from testproject.cluster import REPO_ROOT, worker_env
 from testproject.demo import tasks
 
@@ -135,3 +138,19 @@ def test_push_script_is_safe_to_replay_and_refuses_a_different_envelope_on_the_s
     other = producer.prepare(tasks.charge.relier_spec, ("o-other", 1), {}, task_id=env.id)
     taken = idempotency.store(KEYS, other, other.encode(), 60_000, 3).run(client)
     assert taken.id_taken and not taken.stored
+
+
+def test_push_refuses_the_id_of_a_finished_task_while_its_outcome_is_kept(redis_client, worker):
+    """A reused id (or a replayed envelope) must not run finished work a second time."""
+    from relier_django.core.errors import DuplicateTaskId
+
+    first = tasks.record.push("finished-once")
+    assert first.get(timeout=30)["runs"] == 1
+    assert not redis_client.exists(KEYS.task(first.task_id))  # the task itself is gone
+    client = sync_client(config.current())
+    again = producer.prepare(tasks.record.relier_spec, ("finished-twice",), {}, first.task_id)
+    refused = idempotency.store(KEYS, again, again.encode(), 60_000, 3).run(client)
+    assert refused.id_finished and not refused.stored
+    assert not redis_client.exists(KEYS.task(first.task_id))  # nothing stored
+    with pytest.raises(DuplicateTaskId, match="already run to an outcome"):
+        producer.push(tasks.record.relier_spec, app, ("finished-twice",), {}, task_id=first.task_id)

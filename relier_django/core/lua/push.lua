@@ -6,8 +6,9 @@
 -- KEYS[2]  history list         <p>:h:{id}
 -- KEYS[3]  expiry index (zset)  <p>:expiry
 -- KEYS[4]  DLQ entry hash       <p>:dlq:e:{id}
--- KEYS[5..4+n]  admission counters (n = ARGV[7]; global, per task), see _admission.lua
--- KEYS[5+n]     idempotency key <p>:i:<task>:<sha256>   (only for idempotent tasks)
+-- KEYS[5]  outcome (result) key <p>:r:{id}
+-- KEYS[6..5+n]  admission counters (n = ARGV[7]; global, per task), see _admission.lua
+-- KEYS[6+n]     idempotency key <p>:i:<task>:<sha256>   (only for idempotent tasks)
 -- ARGV[1]  task id
 -- ARGV[2]  envelope, canonical JSON, fence 1
 -- ARGV[3]  task name
@@ -22,6 +23,9 @@
 --          {-1, id}       a task with this id already exists (caller-chosen id reused)
 --          {-2, id}       a DLQ entry holds this id: release or delete it first (an
 --                         entry and a live task never share an id)
+--          {-4, id}       a task with this id has finished and its outcome is still
+--                         kept: pushing it again would run finished work twice (a
+--                         replayed envelope, a reused caller-chosen id)
 --          {-3, wait_ms}  refused by admission control: nothing stored, nothing
 --                         counted; retry after wait_ms. Duplicates are not counted.
 -- Re-running the same call (a client retry after a lost reply) returns {1, id} again,
@@ -38,8 +42,11 @@ end
 if redis.call('EXISTS', KEYS[4]) == 1 then
   return {-2, id}
 end
+if redis.call('EXISTS', KEYS[5]) == 1 then
+  return {-4, id}
+end
 local n = tonumber(ARGV[7] or '0')
-local idem = KEYS[5 + n]
+local idem = KEYS[6 + n]
 if idem then
   local holder = redis.call('GET', idem)
   if holder then
@@ -47,11 +54,11 @@ if idem then
   end
 end
 if n > 0 then
-  local wait = admission_wait_ms(5, n, 8)
+  local wait = admission_wait_ms(6, n, 8)
   if wait > 0 then
     return {-3, wait}
   end
-  admission_count(5, n, 8)
+  admission_count(6, n, 8)
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

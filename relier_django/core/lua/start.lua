@@ -1,7 +1,9 @@
 -- start.lua: accept a delivered message only if it carries the task's current fence.
 -- Serves G2 (an older incarnation's copy, redelivered by the broker, never runs) and
 -- G1 (a started task is covered by a heartbeat deadline in the expiry index).
--- One start per fence: a second delivery of the same incarnation is refused too.
+-- One start per fence: a second delivery of the same incarnation is refused too. A
+-- replay of this very call (the client retrying after a lost reply; same run token)
+-- is answered as the start it was, so a worker never abandons its own valid run.
 --
 -- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
 -- ARGV[1]  task id
@@ -10,6 +12,7 @@
 -- ARGV[4]  heartbeat TTL, ms
 -- ARGV[5]  history event: a JSON object without its opening brace; the script
 --          prefixes {"at_ms":<server time>,
+-- ARGV[6]  run token: unique per start attempt, the same in a replay of it
 -- RETURNS  {1, '', fence, checkpoint}        started; checkpoint: the task's latest
 --                                          (ctx.set_partial) record, or '' if none
 --          {0, 'gone', -1}                no such task (finished, dead-lettered, never stored)
@@ -23,12 +26,17 @@ end
 if current ~= ARGV[2] then
   return {0, 'stale', tonumber(current)}
 end
-if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then
+local state, run = unpack(redis.call('HMGET', KEYS[1], 'state', 'run'))
+if state ~= 'queued' then
+  if state == 'running' and run == ARGV[6] then
+    return {1, '', tonumber(current), partial or ''}
+  end
   return {0, 'started', tonumber(current)}
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[3], 'started_ms', now_ms)
+redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[3], 'started_ms', now_ms,
+  'run', ARGV[6])
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]), id)
 redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[5])
 return {1, '', tonumber(current), partial or ''}

@@ -334,10 +334,12 @@ class Command(BaseCommand):
             raise CommandError("purge deletes entries for good; stdin is not a terminal to ask "
                                "on, so pass --yes to confirm")  # fmt: skip
         store = dlq.store()
-        cutoff = None if older_than is None else older_than.ms(store)
-        scope = "" if cutoff is None else f" that failed before {_utc(cutoff)} UTC"
+        # The cutoff is fixed before the question: an entry that lands while the
+        # operator reads it was not counted, so it is not deleted either.
+        cutoff = store.server_time_ms() if older_than is None else older_than.ms(store)
+        scope = "" if older_than is None else f" that failed before {_utc(cutoff)} UTC"
         if not yes:
-            count = store.size() if cutoff is None else store.count_failed_before(cutoff)
+            count = store.count_failed_before(cutoff)
             if count == 0:
                 self.stdout.write(f"Nothing to purge: no entries{scope}.")
                 return

@@ -11,6 +11,7 @@ from celery import current_app
 from django.core.management.base import BaseCommand, CommandError
 
 from relier_django import conf
+from relier_django.core.connection import describe
 from relier_django.core.resurrector import Scanner
 
 
@@ -53,7 +54,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         self.stdout.write(
-            f"Resurrector {scanner.scanner_id} scanning every "
+            f"Resurrector {scanner.scanner_id} on {describe(cfg)} scanning every "
             f"{interval or cfg.scan_interval_s:g}s (Ctrl-C to stop)."
         )
         scanner.run(interval_s=interval)
