@@ -1,0 +1,250 @@
+"""What happened, read back after the run from sources that survive the faults.
+
+- **Executions**: each workload task journals its start and end to a file of its own
+  process (``testproject/demo/tasks.py``, ``_journal``): no Redis involved.
+- **Commits**: relier's worker logs one ``committed task_id=... fence=...`` line per
+  ``commit.lua`` that accepted (log files), and the result key keeps the committed
+  value, which names the fence that produced it (Redis, AOF). A commit whose log line
+  was lost (a SIGKILL right after the script returned) is still seen through the
+  result key.
+- **Refusals**: the ``stale commit rejected``, ``incarnation cancelled``, ``message
+  refused`` ... lines of the same logs.
+- **Outcomes, the DLQ, leftovers**: read from Redis once the run has drained.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from relier_django.core.config import Config
+from relier_django.core.keys import KeySpace
+
+# The chaos cluster runs with relier's default prefix and recovery queue.
+_DEFAULTS = Config()
+KEYS = KeySpace(_DEFAULTS.key_prefix)
+TASK_QUEUES = ("celery", _DEFAULTS.recovery_queue)
+UNACKED = "unacked"  # kombu's Redis transport: messages delivered, not yet acknowledged
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """One acknowledged push (``push()`` returned) and what the scenario expects of it:
+    ``"commit"``, or the DLQ reason it must land with."""
+
+    task_id: str
+    label: str
+    task: str
+    expect: str = "commit"
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Execution:
+    event: str  # start | end | soft
+    task_id: str
+    fence: int
+    pid: int
+    worker: str
+    at: float
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    kind: str  # committed | stale_commit | cancelled | gave_up | refused | dead_lettered
+    task_id: str
+    fence: int | None
+    source: str  # the log file's name
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class DlqRecord:
+    entry_id: str
+    task_id: str
+    reason: str
+    fence: int | None
+    checkpoint: Any = None
+    raw: str | None = None  # for a message that could not be tied to a task
+
+
+@dataclass
+class Evidence:
+    pushed: dict[str, Pushed]
+    executions: list[Execution] = field(default_factory=list)
+    log_events: list[LogEvent] = field(default_factory=list)
+    outcomes: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    dlq: dict[str, DlqRecord] = field(default_factory=dict)  # tied to a task, by task id
+    untied: list[DlqRecord] = field(default_factory=list)  # msg-* entries: raw bodies
+    leaked_keys: list[str] = field(default_factory=list)
+    keys_without_ttl: list[str] = field(default_factory=list)
+    kept_keys: dict[str, int] = field(default_factory=dict)
+    in_flight: dict[str, int] = field(default_factory=dict)
+    queued: dict[str, int] = field(default_factory=dict)
+
+    def executions_of(self, task_id: str, event: str | None = None) -> list[Execution]:
+        return [
+            e
+            for e in self.executions
+            if e.task_id == task_id and (event is None or e.event == event)
+        ]
+
+    def events_of(self, task_id: str, *kinds: str) -> list[LogEvent]:
+        return [
+            e for e in self.log_events if e.task_id == task_id and (not kinds or e.kind in kinds)
+        ]
+
+
+# -- the journal ---------------------------------------------------------------------------
+def read_journal(directory: Path) -> list[Execution]:
+    out = []
+    for path in sorted(directory.glob("exec-*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # cannot happen with one write(2) per line; never trust it though
+            out.append(
+                Execution(
+                    rec["ev"],
+                    rec["id"],
+                    int(rec["fence"]),
+                    int(rec["pid"]),
+                    rec.get("worker", ""),
+                    float(rec["t"]),
+                )
+            )
+    return sorted(out, key=lambda e: e.at)
+
+
+# -- the logs ------------------------------------------------------------------------------
+_LOG_PATTERNS = {
+    "committed": re.compile(r"committed task_id=(\w+) fence=(\d+)"),
+    "stale_commit": re.compile(r"stale commit rejected task_id=(\w+) fence=(\d+)"),
+    "cancelled": re.compile(r"incarnation cancelled: superseded task_id=(\w+) fence=(\d+)"),
+    "gave_up": re.compile(r"incarnation gave up: superseded task_id=(\w+) fence=(\d+)"),
+    "refused": re.compile(r"message refused task_id=(\w+) fence=(\d+) reason=(\w+)"),
+    "stale_dead_letter": re.compile(r"stale dead-letter rejected task_id=(\w+) fence=(\d+)"),
+    "dead_lettered": re.compile(r"dead-lettered task_id=(\S+) reason=(\w+)"),
+}
+# How a stale incarnation learns it is stale, in its own worker's log: at start (a
+# replayed start.lua after a lost reply), from a heartbeat (cancelled, gave up), or at
+# commit / dead-letter time.
+ZOMBIE_REFUSALS = ("refused", "stale_commit", "cancelled", "gave_up", "stale_dead_letter")
+
+
+def parse_log_line(line: str, source: str) -> LogEvent | None:
+    for kind, pattern in _LOG_PATTERNS.items():
+        m = pattern.search(line)
+        if m is None:
+            continue
+        if kind == "dead_lettered":
+            return LogEvent(kind, m.group(1), None, source, m.group(2))
+        detail = m.group(3) if kind == "refused" else ""
+        return LogEvent(kind, m.group(1), int(m.group(2)), source, detail)
+    return None
+
+
+def read_logs(paths: Iterable[Path]) -> list[LogEvent]:
+    out = []
+    for path in paths:
+        for line in path.read_text(errors="replace").splitlines():
+            event = parse_log_line(line, path.name)
+            if event is not None:
+                out.append(event)
+    return out
+
+
+# -- Redis ---------------------------------------------------------------------------------
+def read_outcomes(client, task_ids: Sequence[str]) -> dict[str, dict[str, Any] | None]:
+    out: dict[str, dict[str, Any] | None] = {}
+    for start in range(0, len(task_ids), 500):
+        chunk = task_ids[start : start + 500]
+        for task_id, raw in zip(chunk, client.mget([KEYS.result(t) for t in chunk]), strict=True):
+            out[task_id] = json.loads(raw) if raw else None
+    return out
+
+
+def read_dlq(client) -> tuple[dict[str, DlqRecord], list[DlqRecord]]:
+    from relier_django.core.dlq_store import DeadLetterStore
+
+    store = DeadLetterStore(client, KEYS)
+    tied: dict[str, DlqRecord] = {}
+    untied: list[DlqRecord] = []
+    for entry_id in client.zrange(KEYS.dlq, 0, -1):
+        entry = store.get(entry_id)
+        if entry is None:
+            continue
+        raw = entry.data.get("raw")
+        record = DlqRecord(
+            entry.id, entry.summary.task_id, entry.reason, entry.fence, entry.checkpoint, raw
+        )
+        if entry.fence is None:
+            untied.append(record)
+        else:
+            tied[record.task_id] = record
+    return tied, untied
+
+
+def read_leftovers(client) -> tuple[list[str], list[str], dict[str, int]]:
+    """G7, as tests/leaks.py has it: after a drain only results and idempotency claims
+    (each with a TTL), admission counters (TTL), DLQ entries and the scanner lease may
+    remain. Returns (leaked, without a TTL that they need, kept by kind)."""
+    with_ttl, owned = KEYS.expiring_patterns(), KEYS.owned_patterns()
+    leaked, no_ttl, kept = [], [], Counter()
+    for raw in client.scan_iter(match=KEYS.all_pattern(), count=1000):
+        key = raw.decode() if isinstance(raw, bytes) else raw
+        expiring = next((p for p in with_ttl if fnmatch.fnmatchcase(key, p)), None)
+        if expiring is not None:
+            kept[expiring] += 1
+            if client.ttl(key) < 0:
+                no_ttl.append(key)
+            continue
+        holder = next((p for p in owned if fnmatch.fnmatchcase(key, p)), None)
+        if holder is None:
+            leaked.append(key)
+        else:
+            kept[holder] += 1
+    return sorted(leaked), sorted(no_ttl), dict(kept)
+
+
+def in_flight(client) -> dict[str, int]:
+    hashes = sum(1 for _ in client.scan_iter(match=KEYS.task("*"), count=1000))
+    return {"expiry index": int(client.zcard(KEYS.expiry)), "task hashes": hashes}
+
+
+def queued(client) -> dict[str, int]:
+    depth = {}
+    for queue in TASK_QUEUES:
+        total = 0
+        for key in client.scan_iter(match=f"{queue}*", count=1000):
+            if client.type(key) in ("list", b"list"):
+                total += int(client.llen(key))
+        depth[queue] = total
+    depth[UNACKED] = int(client.hlen(UNACKED))
+    return depth
+
+
+def collect(client, pushed: dict[str, Pushed], journal: Path, logs: Iterable[Path]) -> Evidence:
+    """Everything the checker needs; ``client`` must decode responses."""
+    tied, untied = read_dlq(client)
+    leaked, no_ttl, kept = read_leftovers(client)
+    return Evidence(
+        pushed=dict(pushed),
+        executions=read_journal(journal),
+        log_events=read_logs(logs),
+        outcomes=read_outcomes(client, list(pushed)),
+        dlq=tied,
+        untied=untied,
+        leaked_keys=leaked,
+        keys_without_ttl=no_ttl,
+        kept_keys=kept,
+        in_flight=in_flight(client),
+        queued=queued(client),
+    )
