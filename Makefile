@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 MIN_PY ?= 3.12
 DJANGO_SPEC ?=
 PYTEST_ARGS ?=
+# e.g. CHAOS_ARGS="--tasks 200 --seed 3" (default: every scenario, 500 tasks each)
+CHAOS_ARGS ?=
 
 export VENV MIN_PY DJANGO_SPEC
 
@@ -27,8 +29,10 @@ unit: setup
 integration: setup
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
+# The chaos tier (each runner scenario small, among the rest), then every scenario full-size.
 chaos: setup
 	$(PY) -m pytest -m chaos $(PYTEST_ARGS)
+	$(PY) -m chaos run all $(CHAOS_ARGS)
 
 browser: setup
 	$(PY) -m pytest -m browser $(PYTEST_ARGS)
@@ -37,6 +41,7 @@ demo: setup
 	$(PY) scripts/demo.py
 
 bench: setup
+	$(PY) -m pip install -q -e ".[test,bench]"
 	$(PY) -m bench
 
 # The full supported matrix (tox.ini); CI runs `make test` plus the Django 5.2 / Python 3.11 env.

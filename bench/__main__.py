@@ -1,9 +1,18 @@
 """python -m bench [name ...]: every benchmark that exists (or the named ones), in one
-run, each printing its table and writing JSON to bench/results/."""
+run, each printing its table and writing JSON to bench/results/; then the report
+(bench/results/REPORT.md, with the recovery-latency histogram)."""
 
 import sys
 
-from bench import admission, delivery, dlq_pages, push_overhead
+from bench import (
+    admission,
+    delivery,
+    dlq_pages,
+    push_overhead,
+    report,
+    resurrector_pass,
+    throughput,
+)
 
 # name -> (entry point, its command-line arguments)
 BENCHMARKS = {
@@ -11,6 +20,8 @@ BENCHMARKS = {
     "delivery": (delivery.main, ["--big"]),  # 500 tasks x 5 kills, then 2,000 x 10
     "dlq_pages": (dlq_pages.main, []),  # 1,000,000 entries
     "admission": (admission.main, []),  # against the anchor, relier 0.1.7
+    "throughput": (throughput.main, []),  # no-op and 10 ms tasks vs vanilla / acks_late
+    "resurrector_pass": (resurrector_pass.main, []),  # 1,000 expired of 100,000
 }
 
 if __name__ == "__main__":
@@ -22,3 +33,4 @@ if __name__ == "__main__":
         entry, argv = BENCHMARKS[name]
         sys.argv = [f"bench.{name}", *argv]
         entry()
+    report.main()  # bench/results/REPORT.md from every result on disk

@@ -30,8 +30,10 @@ def private_redis() -> Iterator[RedisServer]:
             server.stop()
 
 
-def setup_django(redis_url: str) -> None:
+def setup_django(redis_url: str, broker_url: str | None = None) -> None:
     os.environ.update(worker_env(redis_url))
+    if broker_url is not None:  # Celery's broker on its own server
+        os.environ["CELERY_BROKER_URL"] = broker_url
     import django
 
     django.setup()

@@ -50,15 +50,15 @@ COMMON_ENV = {
 }
 
 
-def push_all(contender: str, task: str, labels: list[str]) -> None:
+def push_all(contender: str, task: str, labels: list[str], sleep_s: float = WORK_S) -> None:
     from testproject.celery import app
     from testproject.demo.tasks import work
 
     for label in labels:
         if contender == "relier":
-            work.push(label, WORK_S)
+            work.push(label, sleep_s)
         else:
-            app.send_task(task, args=[label, WORK_S])
+            app.send_task(task, args=[label, sleep_s])
 
 
 def snapshot(client, labels: list[str]) -> tuple[list[int], list[list[float]]]:
@@ -138,6 +138,7 @@ def run_contender(
         "recovery_p50_s": round(percentile(latencies, 50), 2) if latencies else None,
         "recovery_p99_s": round(percentile(latencies, 99), 2) if latencies else None,
         "recoveries": len(latencies),
+        "recovery_latencies_s": [round(v, 3) for v in sorted(latencies)],
         "elapsed_s": round(elapsed, 1),
     }
 
@@ -156,14 +157,12 @@ def recovery_latencies(starts: list[list[float]], kill_times: list[float]) -> li
 
 
 def _point_at(url: str) -> None:
+    from relier_django import conf
     from testproject.celery import app
+    from testproject.cluster import reset_celery_connections
 
     app.conf.broker_url = url
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
-    app.amqp._producer_pool = None
-    from relier_django import conf
+    reset_celery_connections(app)
 
     conf.get_config.cache_clear()
 

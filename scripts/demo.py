@@ -207,9 +207,26 @@ def wait_for_quiet(client, receipts: dict[str, object], settle_s: float) -> None
     say()
 
 
+def records(client, receipts: dict[str, object]) -> dict[str, dict | None]:
+    """Each label's outcome record as receipts read it (None: no outcome yet)."""
+    import json
+
+    from relier_django.core.keys import KeySpace
+
+    keys = KeySpace("rl")
+    raw = client.mget([keys.result(r.task_id) for r in receipts.values()])
+    return {label: json.loads(r) if r else None for label, r in zip(receipts, raw, strict=True)}
+
+
 def report(client, receipts: dict[str, object]) -> None:
     final = outcomes(client, receipts)
     runs = dict(zip(receipts, executions(client, receipts), strict=True))
+    full = records(client, receipts)
+    # A result carries the fence of the incarnation that committed it: above 1 means
+    # the task was brought back after its worker died.
+    resurrected = sum(
+        1 for rec in full.values() if rec and rec["status"] == "ok" and rec["result"]["fence"] > 1
+    )
     once = sum(1 for k, v in final.items() if v == "ok" and runs[k] == 1)
     dead = sum(1 for v in final.values() if v == "failed")
     lost = sum(1 for v in final.values() if v is None)
@@ -220,6 +237,11 @@ def report(client, receipts: dict[str, object]) -> None:
     say(f"  in DLQ            {dead:>6}")
     say(f"  lost              {lost:>6}")
     say(f"  duplicated        {duplicated:>6}")
+    say(f"  (of the completed, {resurrected} were brought back after the SIGKILL, each at a "
+        "new fence)")  # fmt: skip
+    poison = full.get("poison")
+    if poison and poison["status"] == "failed":
+        say(f"  the poison task is in the DLQ: reason {poison['reason']}, {poison['error']}")
     if lost:
         say("  (lost: tasks with no outcome when the demo stopped waiting; see docs/operations.md)")
 

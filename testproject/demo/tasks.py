@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
+from pathlib import Path
 
 import redis
 from celery import shared_task
-from django.conf import settings
 
 from relier_django import TaskContext, rl_task
+from relier_django.core import config
+from relier_django.core.connection import async_client, sync_client
 
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.RELIER_REDIS_URL, decode_responses=True)
+    # relier's own client for this process: the same Redis (through Sentinel when
+    # configured), a socket of this process's own, retried across a restart.
+    return sync_client(config.current())
 
 
 def _record(label: str, ctx: TaskContext | None = None) -> int:
@@ -204,10 +209,15 @@ def fix_then_resume(ctx: TaskContext, label: str) -> dict:
 
 
 @rl_task(name="demo.checkpoint_bytes")
-async def checkpoint_bytes(ctx: TaskContext, size: int) -> str:
-    """Saves a checkpoint of about ``size`` bytes and returns its read-back length."""
-    await ctx.aset_partial("x" * size)
-    return str(len(ctx.get_partial()))
+async def checkpoint_bytes(ctx: TaskContext, size: int, saves: int = 1) -> dict:
+    """Saves a checkpoint of about ``size`` bytes ``saves`` times; returns the read-back
+    length and how many checkpoint files exist then (under ``CHECKPOINT_DIR``, if set)."""
+    for n in range(saves):
+        await ctx.aset_partial(str(n % 10) * size)
+    folder = config.current().checkpoint_dir
+    found = await asyncio.to_thread(lambda: list(Path(folder).rglob("*.json"))) if folder else []
+    files = len(found)
+    return {"bytes": len(ctx.get_partial()), "files": files}
 
 
 @rl_task(name="demo.limited", rate_limit="3/m")
@@ -230,3 +240,143 @@ async def stubborn(ctx: TaskContext, label: str) -> str:
     except asyncio.CancelledError:
         return "swallowed"
     return "slept"
+
+
+@rl_task(name="demo.connection_info")
+async def connection_info(ctx: TaskContext, sleep_s: float = 0.0) -> dict:
+    """Which Redis connections relier gives this pool process: its PID, and for the
+    sync client and the event loop's async client, ``CLIENT INFO`` as the server sees
+    it (``id``, and ``name``: ``relier:<pid of the process that opened it>``)."""
+    if sleep_s:
+        await asyncio.sleep(sleep_s)
+    cfg = config.current()
+    sync = sync_client(cfg).client_info()
+    aio = await async_client(cfg).client_info()
+    return {
+        "pid": os.getpid(),
+        "sync": {"id": int(sync["id"]), "name": sync["name"]},
+        "async": {"id": int(aio["id"]), "name": aio["name"]},
+    }
+
+
+@rl_task(name="demo.count_users")
+def count_users(label: str, username: str, using: str = "default") -> int:
+    """Counts the users named ``username`` in database ``using``, as this worker sees
+    them, and records the count: what a task sees of its producer's transaction.
+    (A task parameter may be called ``using``: push options go through push_with().)"""
+    from django.contrib.auth.models import User
+
+    seen = User.objects.using(using).filter(username=username).count()
+    _redis().rpush(f"demo:seen:{label}", seen)
+    return seen
+
+
+@rl_task(name="demo.per_second", rate_limit="2/s")
+def per_second(label: str) -> str:
+    """Admission-controlled per second: a refusal's Retry-After is under a second."""
+    _record(label)
+    return label
+
+
+# --- Rolling deploys: one task, two schema versions ---------------------------------------
+# DEMO_VERSIONED_SCHEMA (read at import) picks the version this process has, so a test can
+# run an "old" and a "new" worker side by side: v1 took (label, cents); v2 takes
+# (label, amount, currency), and migrates v1 pushes.
+
+
+def _versioned_schema() -> int:
+    import os
+
+    return int(os.environ.get("DEMO_VERSIONED_SCHEMA", "1"))
+
+
+def cents_to_amount(args: list, kwargs: dict) -> tuple[list, dict]:
+    """Migration v1 -> v2. Binds by name, so positional and keyword pushes both work."""
+    call = {**dict(zip(("label", "cents"), args, strict=False)), **kwargs}
+    cents = call.pop("cents")
+    return [], {**call, "amount": f"{cents / 100:.2f}", "currency": "EUR"}
+
+
+if _versioned_schema() >= 2:
+
+    @rl_task(name="demo.versioned", version=2, migrations={1: cents_to_amount})
+    def versioned(ctx: TaskContext, label: str, amount: str, currency: str) -> dict:
+        """v2. Raises for labels starting with "fail" (to show a failed run's stored copy)."""
+        _record(label, ctx)
+        if label.startswith("fail"):
+            raise ValueError(f"{label}: refused {amount} {currency}")
+        return {"schema": 2, "label": label, "amount": amount, "currency": currency}
+
+else:
+
+    @rl_task(name="demo.versioned")
+    def versioned(ctx: TaskContext, label: str, cents: int) -> dict:  # type: ignore[misc]
+        """v1."""
+        _record(label, ctx)
+        return {"schema": 1, "label": label, "cents": cents}
+
+
+# --- The chaos runner's workload (chaos/, docs/chaos.md) ------------------------------
+# Each incarnation journals its start and its end to a file of its own process
+# (<journal>/exec-<pid>.jsonl): files, not Redis, so the record survives every fault the
+# runner injects into Redis, the network or the worker. One write(2) per line with
+# O_APPEND: a SIGKILL leaves whole lines. chaos/evidence.py reads this format.
+
+
+def _journal(directory: str, event: str, ctx: TaskContext, label: str) -> None:
+    import os
+
+    line = json.dumps(
+        {"ev": event, "id": ctx.task_id, "fence": ctx.fence_token, "label": label,
+         "pid": os.getpid(), "worker": ctx.worker, "t": time.time()}
+    )  # fmt: skip
+    path = os.path.join(directory, f"exec-{os.getpid()}.jsonl")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+@rl_task(name="demo.chaos_step")
+def chaos_step(ctx: TaskContext, label: str, journal: str, work_s: float = 0.0) -> dict:
+    """Chaos workload (plain ``def``, runs in a thread): journals start and end."""
+    _journal(journal, "start", ctx, label)
+    time.sleep(work_s)
+    _journal(journal, "end", ctx, label)
+    return {"label": label, "fence": ctx.fence_token}
+
+
+@rl_task(name="demo.achaos_step")
+async def achaos_step(ctx: TaskContext, label: str, journal: str, work_s: float = 0.0) -> dict:
+    """Chaos workload (``async def``, cancellable): journals start and end."""
+    _journal(journal, "start", ctx, label)
+    await asyncio.sleep(work_s)
+    _journal(journal, "end", ctx, label)
+    return {"label": label, "fence": ctx.fence_token}
+
+
+@rl_task(name="demo.chaos_poison", max_resurrections=2)
+def chaos_poison(ctx: TaskContext, label: str, journal: str) -> None:
+    """Kills the pool process running it, every time (after journaling its start)."""
+    import os
+    import signal
+
+    _journal(journal, "start", ctx, label)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def _chaos_soft(ctx: TaskContext) -> None:
+    label = (ctx.get_partial() or {}).get("label", "")
+    _journal((ctx.get_partial() or {}).get("journal", "."), "soft", ctx, label)
+
+
+@rl_task(name="demo.chaos_slow", soft_timeout=0.5, hard_timeout=1.5, on_soft_timeout=_chaos_soft)
+async def chaos_slow(ctx: TaskContext, label: str, journal: str, steps: int, step_s: float) -> dict:
+    """Checkpoints every step; over its hard timeout when steps x step_s > 1.5 s."""
+    _journal(journal, "start", ctx, label)
+    for step in range(steps):
+        await ctx.aset_partial({"label": label, "journal": journal, "step": step})
+        await asyncio.sleep(step_s)
+    _journal(journal, "end", ctx, label)
+    return {"label": label, "fence": ctx.fence_token}

@@ -28,4 +28,7 @@ def test_demo_runs_to_a_report_whose_numbers_add_up(tmp_path):
     assert counts["in DLQ"] == 1, out  # the poison task
     assert counts["lost"] == 0, out  # the killed worker's tasks were resurrected
     assert counts["completed once"] + counts["duplicated"] + counts["in DLQ"] == 17, out
+    assert re.search(r"the poison task is in the DLQ: reason exception", out), out
+    brought_back = re.search(r"of the completed, (\d+) were brought back", out)
+    assert brought_back and int(brought_back.group(1)) >= 1, out  # the SIGKILL's tasks
     assert "All demo processes stopped." in out

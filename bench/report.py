@@ -1,0 +1,154 @@
+"""The benchmark report: bench/results/*.json -> bench/results/REPORT.md (+ a PNG).
+
+Reads whatever results exist (each benchmark writes its own JSON), so it can run after
+``python -m bench`` or after any single benchmark. Every table says which machine and
+when; every target is printed with its measured value and met / MISSED.
+
+    python -m bench.report
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS
+
+HISTOGRAM = "recovery-latency.png"
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _verdict(ok: bool | None) -> str:
+    if ok is None:
+        return "not judged"
+    return "met" if ok else "**MISSED**"
+
+
+def _machine(data: dict[str, Any]) -> str:
+    m = data.get("machine", {})
+    return f"_{m.get('at', '?')}, Python {m.get('python', '?')}, {m.get('cpus', '?')} CPUs_"
+
+
+def delivery(lines: list[str]) -> None:
+    data = _load("delivery")
+    if data is None:
+        return
+    lines += ["## Delivery under kills", _machine(data), ""]
+    lines += ["| run | delivered % | lost | executed 2x | committed 2x | recovery p50 s | "
+              "recovery p99 s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for key, r in data["results"].items():
+        cells = (key, r["delivered_pct"], r["lost"], r["executed_twice"], r["committed_twice"],
+                 r["recovery_p50_s"], r["recovery_p99_s"])  # fmt: skip
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    relier = [r for k, r in data["results"].items() if k.startswith("relier/")]
+    target = data["target_recovery_p99_s"]
+    ok = all(
+        r["lost"] == 0 and r["committed_twice"] == 0 and (r["recovery_p99_s"] or 0) <= target
+        for r in relier
+    )
+    lines += ["", f"Target: relier 100.0 % delivered, 0 committed twice, recovery p99 <= "
+              f"{target:g} s (TTL + scan interval + 1 s): {_verdict(ok)}.", ""]  # fmt: skip
+    if _histogram(data):
+        lines += [f"![recovery latency]({HISTOGRAM})", ""]
+
+
+def _histogram(data: dict[str, Any]) -> bool:
+    latencies = [
+        v
+        for key, r in data["results"].items()
+        if key.startswith("relier/")
+        for v in r.get("recovery_latencies_s", [])
+    ]
+    if not latencies:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no histogram")
+        return False
+    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
+    ax.hist(latencies, bins=30, color="#4472c4")
+    ttl, scan = data["relier_ttl_s"], data["relier_scan_s"]
+    for x, label in ((ttl, "TTL"), (ttl + scan, "TTL + scan"), (ttl + scan + 1, "target p99")):
+        ax.axvline(x, linestyle="--", color="#c00000" if label == "target p99" else "#777")
+        ax.text(x, ax.get_ylim()[1] * 0.95, f" {label}", fontsize=8, va="top")
+    ax.set_xlabel("seconds from a kill to the interrupted task's next start")
+    ax.set_ylabel("tasks")
+    ax.set_title(f"relier_django recovery latency ({len(latencies)} recoveries)")
+    fig.tight_layout()
+    fig.savefig(RESULTS / HISTOGRAM)
+    plt.close(fig)
+    return True
+
+
+def simple(lines: list[str], name: str, title: str, render) -> None:
+    data = _load(name)
+    if data is not None:
+        lines += [f"## {title}", _machine(data), ""]
+        render(lines, data)
+        lines.append("")
+
+
+def _raw(lines: list[str], d: dict[str, Any]) -> None:
+    """A result with no table of its own yet: its JSON, shortened."""
+    lines.append("```")
+    lines.append(json.dumps({k: v for k, v in d.items() if k != "machine"}, indent=1)[:3000])
+    lines.append("```")
+
+
+def _admission(lines: list[str], d: dict[str, Any]) -> None:
+    lines += ["| callers | system | p50 ms | p99 ms |", "|---|---|---|---|"]
+    for callers, result in d["by_callers"].items():
+        for system, row in result["systems"].items():
+            lines.append(f"| {callers} | {system} | {row['p50_ms']} | {row['p99_ms']} |")
+    ratios = ", ".join(f"{c} caller(s): {r['p99_ratio']}" for c, r in d["by_callers"].items())
+    lines.append(f"\nTarget p99 <= 0.7 x the anchor: {ratios} -> {_verdict(d['target_met'])}.")
+
+
+def _throughput(lines: list[str], d: dict[str, Any]) -> None:
+    contenders = list(next(iter(d["tasks_per_s"].values())))
+    lines += ["| workload | " + " | ".join(contenders) + " |",
+              "|---|" + "---|" * len(contenders)]  # fmt: skip
+    for workload, row in d["tasks_per_s"].items():
+        lines.append(f"| {workload} | " + " | ".join(str(row[c]) for c in contenders) + " |")
+    lines.append(f"\nTarget no-op relier >= 0.8 x acks_late: {d['noop_ratio_vs_acks_late']} -> "
+                 f"{_verdict(d['target_met'])}.")  # fmt: skip
+
+
+def _resurrector(lines: list[str], d: dict[str, Any]) -> None:
+    lines += ["| round | pass wall ms | store CPU ms | broker CPU ms | total ms | commands |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for n, r in enumerate(d["rounds"], 1):
+        cells = (n, r["wall_ms"], r["store_ms"], r["broker_ms"], r["redis_ms"], r["commands"])
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    lines.append(f"\n{d['expired']:,} expired among {d['in_flight']:,} in flight. Target <= "
+                 f"{d['target_redis_ms']} ms of Redis time per pass: "
+                 f"{_verdict(d['target_met'])}.")  # fmt: skip
+
+
+def main() -> Path:
+    lines = ["# Benchmark report", "",
+             "Generated by `python -m bench.report` from `bench/results/*.json`; see "
+             "`docs/benchmarks.md` for the method of each benchmark.", ""]  # fmt: skip
+    delivery(lines)
+    simple(lines, "throughput", "Throughput", _throughput)
+    simple(lines, "admission", "Admission check latency", _admission)
+    simple(lines, "resurrector_pass", "Resurrector pass", _resurrector)
+    simple(lines, "push_overhead", "Push overhead", _raw)
+    simple(lines, "dlq_pages", "DLQ pages", _raw)
+    path = RESULTS / "REPORT.md"
+    path.write_text("\n".join(lines) + "\n")
+    print(f"report: {path}")
+    return path
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""End-to-end throughput: vanilla Celery, Celery with acks_late, relier_django.
+
+Each contender gets a fresh private Redis (broker and store), one worker with 2 prefork
+processes (the machine's 2 cores), and the same tasks: the delivery benchmark's work
+functions (one RPUSH at start and one at the end, so completion can be counted the same
+way for everyone), with no sleep ("no-op") and with 10 ms of sleep. The clock runs from
+the first push, made from this process while the worker is up, until the last task has
+run: pushes, broker, worker and, for relier_django, every Lua script on the way.
+
+Target (issue 8): relier_django >= 0.8 x Celery with acks_late on no-op tasks.
+
+    python -m bench.throughput [--noop 2000] [--sleepy 500] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import private_redis, setup_django, write_result
+from bench.delivery import CONTENDERS, _point_at, push_all, snapshot
+
+WORKLOADS = {"no-op": 0.0, "10 ms": 0.01}
+
+
+def run(contender: str, n: int, sleep_s: float, log_dir: Path) -> float:
+    """Tasks per second for ``n`` tasks of ``sleep_s`` each, first push to last run."""
+    from testproject.cluster import CeleryWorker
+
+    task, extra = CONTENDERS[contender]
+    labels = [f"{contender}-{i}" for i in range(n)]
+    with private_redis() as server:
+        setup_django(server.url)
+        _point_at(server.url)
+        client = server.client(decode_responses=True)
+        worker = CeleryWorker(server.url, log_dir, name=f"tp-{contender}", extra_env=extra)
+        worker.start()
+        try:
+            push_all(contender, task, labels[:1], sleep_s)  # warm both ends
+            _wait_done(client, labels[:1], 60)
+            t0 = time.perf_counter()
+            push_all(contender, task, labels[1:], sleep_s)
+            _wait_done(client, labels[1:], 600)
+            elapsed = time.perf_counter() - t0
+        finally:
+            worker.stop()
+    return (n - 1) / elapsed
+
+
+def _wait_done(client, labels: list[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs, _ = snapshot(client, labels)
+        if all(runs):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"{sum(1 for r in runs if r)}/{len(labels)} tasks ran in {timeout_s} s")
+
+
+def main() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--noop", type=int, default=2000, help="no-op tasks per run")
+    parser.add_argument("--sleepy", type=int, default=500, help="10 ms tasks per run")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    sizes = {"no-op": args.noop, "10 ms": args.sleepy}
+    rates: dict[str, dict[str, list[float]]] = {w: {c: [] for c in CONTENDERS} for w in WORKLOADS}
+    with tempfile.TemporaryDirectory(prefix="relier-throughput-") as tmp:
+        for _ in range(args.rounds):  # alternate, so machine drift hits every contender
+            for workload, sleep_s in WORKLOADS.items():
+                for contender in CONTENDERS:
+                    rate = run(contender, sizes[workload], sleep_s, Path(tmp))
+                    rates[workload][contender].append(rate)
+                    print(f"{workload:>6} {contender:<10} {rate:8.1f} tasks/s", flush=True)
+    table = {
+        workload: {c: round(statistics.median(v), 1) for c, v in per.items()}
+        for workload, per in rates.items()
+    }  # the median of the rounds
+    ratio = table["no-op"]["relier"] / table["no-op"]["acks_late"]
+    verdict = "met" if ratio >= 0.8 else "MISSED"
+    print("\nmedian tasks/s (1 worker, 2 prefork processes)")
+    print(f"{'workload':<8} " + " ".join(f"{c:>10}" for c in CONTENDERS))
+    for workload, row in table.items():
+        print(f"{workload:<8} " + " ".join(f"{row[c]:>10.1f}" for c in CONTENDERS))
+    print(f"\nno-op relier_django / acks_late: {ratio:.2f} (target >= 0.80: {verdict})")
+    data = {"sizes": sizes, "rounds": args.rounds, "tasks_per_s": table, "all_rounds": rates,
+            "noop_ratio_vs_acks_late": round(ratio, 3), "target": 0.8,
+            "target_met": verdict == "met"}  # fmt: skip
+    path = write_result("throughput", data)
+    print(f"results: {path}")
+    return data
+
+
+if __name__ == "__main__":
+    main()
