@@ -36,7 +36,7 @@ def worker_kill(run: Run) -> None:
     expected_s = run.n * MEAN_WORK_S / _processes(run)
     run.produce(run.items(run.n, (0.2, 0.8)), over_s=expected_s * 0.6)
     planned = max(2, run.n // 50)
-    hits: dict[str, tuple[int, float]] = {}
+    hits: dict[str, int] = {}
     kinds: Counter[str] = Counter()
     for k in range(planned):
         time.sleep(run.rng.uniform(0.5, 1.5) * expected_s / (planned + 1))
@@ -46,13 +46,12 @@ def worker_kill(run: Run) -> None:
             run.note(f"kill {k + 1}: no task was running any more; skipped")
             continue
         worker, running = found
-        at = time.time()
         hit = kill_child(run, worker, running) if kind == "child" else {}
         if not hit:
             kill_worker(run, worker, running)
             hit, kind = running, "worker"
         kinds[f"{kind} kill(s)"] += 1
-        hits.update({t: (fence, at) for t, (_, fence) in hit.items()})
+        hits.update({t: fence for t, (_, fence) in hit.items()})
     run.verify(interrupted_checks(hits, planned, kinds))
 
 

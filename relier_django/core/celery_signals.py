@@ -9,7 +9,7 @@
   running ones after the drain timeout (``handoff.lua``), so they restart elsewhere
   without waiting for a heartbeat TTL.
 - ``task_received``: each prefetched/reserved message is covered by a heartbeat from
-  the main process until a pool process starts it (see ``reservations``).
+  the main process until a pool process accepts it (see ``reservations``).
 - ``task_unknown``: an envelope for a task this worker does not know (a rolling
   deploy, a typo in a route) is dead-lettered with reason ``unknown_task`` instead of
   being discarded by Celery.
@@ -29,7 +29,7 @@ from celery import signals
 from . import bridge, config, fencing
 from .connection import describe, sync_client
 from .keys import KeySpace
-from .reservations import Reservations, fence_of
+from .reservations import Reservations, fence_of, waiting_request_ids
 from .resurrector import Scanner
 from .runner import Runner
 
@@ -142,24 +142,13 @@ def _drain_then_handoff(cfg: config.Config) -> None:
         )
 
 
-def _tracked_request_ids() -> set[str]:
-    from celery.worker import state
-
-    for _ in range(3):  # the consumer thread may resize the dict while we copy it
-        try:
-            return set(state.requests)
-        except RuntimeError:
-            continue
-    return set(state.requests.copy())
-
-
 def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     global _reservations
     fence = fence_of(getattr(request, "args", None))
     if fence is None:
         return  # not an @rl_task envelope
     if _reservations is None:
-        _reservations = Reservations(config.current(), _tracked_request_ids)
+        _reservations = Reservations(config.current(), waiting_request_ids)
         _reservations.start_thread()
     _reservations.add(request.id, fence)
 

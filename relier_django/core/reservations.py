@@ -9,6 +9,15 @@ refreshed with the rest in one round trip per interval; once a task starts, its 
 process's heartbeat takes over and the main process drops it. A dead worker's
 reserved tasks thus expire within one TTL and are resurrected; the broker's own copy,
 redelivered later, carries an old fence and is refused by ``start.lua``.
+
+Coverage ends as soon as a pool process *accepts* the message (Celery acks it then),
+not when Celery forgets the request. Celery can keep an accepted request in its books
+without running or failing it: the prefork pool drops, unsent, a job it had put back
+for another process once the dead process's late acceptance marks it accepted. A
+chaos run (a pool process SIGKILLed under load) lost a task that way while this
+module covered every request Celery held: acked, never started, its deadline
+refreshed for ever. From acceptance on, the deadline is the pool process's to keep:
+it starts the task within moments, or the task expires and is resurrected.
 """
 
 from __future__ import annotations
@@ -41,17 +50,36 @@ def fence_of(args: object) -> int | None:
     return fence if isinstance(fence, int) else None
 
 
+def waiting_request_ids() -> set[str]:
+    """Ids of the requests this worker process holds (``celery.worker.state.requests``)
+    that no pool process has accepted yet (``time_start`` is set on acceptance)."""
+    from celery.worker import state
+
+    for _ in range(3):  # the consumer thread may resize the dict while we copy it
+        try:
+            requests = list(state.requests.values())
+            break
+        except RuntimeError:
+            continue
+    else:
+        requests = list(state.requests.copy().values())
+    return {r.id for r in requests if getattr(r, "time_start", None) is None}
+
+
 class Reservations:
     """The reserved tasks of one worker main process, kept alive from a thread."""
 
-    def __init__(self, config: Config, tracked: Callable[[], set[str]] | None = None) -> None:
-        """``tracked`` returns the ids the worker itself still holds (Celery's
-        ``worker.state.requests``): once the pool is done with a request, successfully
-        or not, it stops being covered here and expires like any dead task."""
+    def __init__(self, config: Config, waiting: Callable[[], set[str]] | None = None) -> None:
+        """``waiting`` returns the ids of the messages the worker holds that no pool
+        process has accepted yet (see :func:`waiting_request_ids`). Any other held id
+        stops being covered at the next refresh; one added since the previous refresh
+        is kept for one more round, since Celery books a request only after the
+        ``task_received`` signal that added it here."""
         self.config = config
-        self._tracked = tracked
+        self._waiting = waiting
         self.keys = KeySpace(config.key_prefix)
         self._held: dict[str, int] = {}
+        self._fresh: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -65,6 +93,7 @@ class Reservations:
         """Cover a just-received message now (one round trip), then with the rest."""
         with self._lock:
             self._held[task_id] = fence
+            self._fresh.add(task_id)
         try:
             lost = self._refresh([(task_id, fence)])
         except Exception:
@@ -83,12 +112,13 @@ class Reservations:
             return list(self._held.items())
 
     def refresh_once(self) -> None:
-        held = self.held()
-        if self._tracked is not None and held:
-            tracked = self._tracked()
-            gone = [task_id for task_id, _ in held if task_id not in tracked]
-            self._drop(gone)
-            held = [pair for pair in held if pair[0] in tracked]
+        with self._lock:
+            held = list(self._held.items())
+            fresh, self._fresh = self._fresh, set()
+        if self._waiting is not None and held:
+            waiting = self._waiting() | fresh
+            self._drop(task_id for task_id, _ in held if task_id not in waiting)
+            held = [pair for pair in held if pair[0] in waiting]
         if held:
             self._drop(self._refresh(held))
 
