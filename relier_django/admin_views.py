@@ -17,7 +17,6 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -32,6 +31,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from . import dlq
+from .dlq_render import HISTORY_COLUMNS, history_rows, plural, utc
 
 if TYPE_CHECKING:
     from .admin import DeadLetterAdmin
@@ -76,10 +76,6 @@ class Choice:
     count: int | None
     query: str
     selected: bool
-
-
-def _when(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 def _query(**params: str | None) -> str:
@@ -208,7 +204,7 @@ def changelist(request: HttpRequest, model_admin: DeadLetterAdmin) -> HttpRespon
     cursor = _cursor(request)
     page = store.page(query, cursor, PAGE_SIZE)
     rows = [
-        {"summary": s, "failed_at": _when(s.failed_at_ms), "pin": str(Pin.of(s))}
+        {"summary": s, "failed_at": utc(s.failed_at_ms), "pin": str(Pin.of(s))}
         for s in page.entries
     ]
     next_cursor = None if page.next_cursor is None else str(page.next_cursor)
@@ -236,16 +232,15 @@ def changelist(request: HttpRequest, model_admin: DeadLetterAdmin) -> HttpRespon
 
 
 def _history(entry: dlq.Entry) -> list[dict[str, Any]]:
-    shown = ("at_ms", "event", "fence", "worker")
     return [
         {
-            "at": _when(int(h["at_ms"])) if h.get("at_ms") is not None else None,
-            "event": h.get("event", ""),
-            "fence": h.get("fence"),
-            "worker": h.get("worker"),
-            "details": ", ".join(f"{k}={v}" for k, v in h.items() if k not in shown),
+            "at": row.at,
+            "event": row.fields.get("event", ""),
+            "fence": row.fields.get("fence"),
+            "worker": row.fields.get("worker"),
+            "details": ", ".join(row.pairs(HISTORY_COLUMNS)),
         }
-        for h in entry.history
+        for row in history_rows(entry.history)
     ]
 
 
@@ -271,8 +266,8 @@ def detail(request: HttpRequest, model_admin: DeadLetterAdmin, entry_id: str) ->
         entry=entry,
         summary=entry.summary,
         data=entry.data,
-        failed_at=_when(entry.summary.failed_at_ms),
-        first_failed_at=_when(entry.summary.first_failed_at_ms),
+        failed_at=utc(entry.summary.failed_at_ms),
+        first_failed_at=utc(entry.summary.first_failed_at_ms),
         envelope_json=None if envelope is None else json.dumps(envelope, indent=2),
         history=_history(entry),
         pin=str(Pin.of(entry.summary)),
@@ -302,10 +297,6 @@ def _ids(ids: Sequence[str]) -> str:
     return shown if len(ids) <= 10 else f"{shown} and {len(ids) - 10} more"
 
 
-def _entries(n: int) -> str:
-    return f"{n} entry" if n == 1 else f"{n} entries"
-
-
 def _preview(action: str, pin: Pin, entry: dlq.Entry | None) -> str:
     """What the confirmed action will do to one entry, as far as can be seen now (the
     action itself re-checks each entry atomically)."""
@@ -331,7 +322,7 @@ def _confirm(
     context = _context(
         request,
         model_admin,
-        f"{action.capitalize()} {_entries(len(pins))}?",
+        f"{action.capitalize()} {plural(len(pins))}?",
         action=action,
         rows=rows,
         task=request.POST.get("task"),
@@ -363,7 +354,7 @@ def _release(request: HttpRequest, pins: Sequence[Pin]) -> None:
         if released:
             messages.success(
                 request,
-                f"Released {_entries(len(released))}: {_ids(released)}. "
+                f"Released {plural(len(released))}: {_ids(released)}. "
                 "Each task runs again as a new incarnation.",
             )
 
@@ -372,7 +363,7 @@ def _delete(request: HttpRequest, pins: Sequence[Pin]) -> None:
     ids = [p.entry_id for p in pins]
     deleted = dlq.store().delete(ids, [p.fence for p in pins])
     if deleted:
-        messages.success(request, f"Deleted {_entries(len(deleted))}: {_ids(deleted)}.")
+        messages.success(request, f"Deleted {plural(len(deleted))}: {_ids(deleted)}.")
     gone = set(deleted)
     kept = [i for i in ids if i not in gone]  # dlq_delete.lua said no
     if kept:

@@ -17,7 +17,7 @@ from . import checkpoint, scripts
 from .dlq import SUMMARY_FIELDS, Entry, Summary
 from .keys import KeySpace
 
-_US = b"\x1f"  # must match US in _dlq_index.lua
+_US = b"\x1f"  # US in _dlq_index.lua; test_dlq_store.py checks the layouts agree
 _TOP = b"\xff"  # above every byte of a member's tail
 _INV = 9999999999999
 MAX_PAGE = 1000
@@ -100,12 +100,18 @@ class Counts:
         return self.total
 
 
+def lex_member(query: Query, at_ms: int, entry_id: str) -> bytes:
+    """The lex index member, under ``query``'s prefix, of entry ``entry_id`` that failed
+    at ``at_ms`` (ms, Redis clock): the member ``_dlq_index.lua`` writes for it."""
+    return query.prefix() + _inv(at_ms) + _US + entry_id.encode()
+
+
 def lex_range(query: Query, cursor: Cursor | None) -> tuple[bytes, bytes]:
     """The ZRANGEBYLEX bounds of ``query``'s entries after ``cursor``, newest first."""
     prefix = query.prefix()
     low = b"[" + prefix
     if cursor is not None:
-        low = b"(" + prefix + _inv(cursor.at_ms) + _US + cursor.entry_id.encode()
+        low = b"(" + lex_member(query, cursor.at_ms, cursor.entry_id)
     high = b"[" + prefix + _TOP
     if query.since_ms is not None:
         # Before the epoch means "since always": the inverted time has 13 digits.

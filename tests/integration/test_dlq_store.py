@@ -12,7 +12,7 @@ import pytest
 from relier_django.core import broker, config, dlq, producer, release, scripts
 from relier_django.core.connection import sync_client
 from relier_django.core.dlq import Failure, Reason
-from relier_django.core.dlq_store import Cursor, DeadLetterStore, Query
+from relier_django.core.dlq_store import Cursor, DeadLetterStore, Query, lex_member
 from relier_django.core.envelope import decode
 from relier_django.core.errors import DuplicateTaskId, EntryNotReleasable
 from relier_django.core.fencing import history_tail
@@ -62,6 +62,24 @@ def test_an_entry_is_indexed_counted_and_summarised_when_it_lands(store):
     assert [h["event"] for h in entry.history] == ["dead"]
     assert entry.to_json()["failed_at"].endswith("Z")
     assert store.span() == (summary.failed_at_ms, summary.failed_at_ms)
+
+
+def test_the_lex_index_holds_exactly_the_members_dlq_store_builds_and_parses(store, redis_client):
+    """G5: _dlq_index.lua writes the lex index; dlq_store.py builds its members (the
+    bounds of every page) and parses them (cursors, ids), each side on its own. A change
+    to either layout alone fails here."""
+    tied = fail(tasks.record, "x1", reason=Reason.RETRIES_EXHAUSTED).id
+    raw = untied(task="")  # no task name: an empty field between separators
+    built: dict[bytes, Cursor] = {}  # member -> the entry it names
+    for entry_id in (tied, raw):
+        summary = store.get(entry_id).summary
+        at_ms, task, reason = summary.failed_at_ms, summary.task or "", summary.reason
+        for q in (Query(), Query(task), Query(reason=reason), Query(task, reason)):
+            built[lex_member(q, at_ms, entry_id)] = Cursor(at_ms, entry_id)
+            assert entry_id in [s.id for s in store.page(q).entries]
+    written = redis_client.zrange(KEYS.dlq_lex, 0, -1)  # bytes, as the script wrote them
+    assert {m: Cursor.after(m.decode()) for m in written} == built
+    assert len(written) == len(built) == 8
 
 
 def test_an_empty_dlq_has_no_span_and_no_counts(store):

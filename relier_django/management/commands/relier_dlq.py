@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from relier_django import dlq
+from relier_django.dlq_render import HISTORY_COLUMNS, history_rows, plural, utc_text
 
 _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _DURATION = re.compile(r"(\d+)([smhdw])")
@@ -77,14 +78,6 @@ def _cursor(text: str) -> dlq.Cursor:
         return dlq.Cursor.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _utc(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _plural(n: int, word: str = "entry", words: str = "entries") -> str:
-    return f"{n} {word if n == 1 else words}"
 
 
 def _cut(text: str, width: int) -> str:
@@ -212,7 +205,7 @@ class Command(BaseCommand):
             self.stdout.write("The dead-letter queue is empty." if empty else "No entries match.")
             return
         rows = [
-            (s.id, _utc(s.failed_at_ms), s.task or "?", s.reason, str(s.failures), s.error)
+            (s.id, utc_text(s.failed_at_ms), s.task or "?", s.reason, str(s.failures), s.error)
             for s in page.entries
         ]
         headers = ("ID", "FAILED AT (UTC)", "TASK", "REASON", "FAILURES", "ERROR")
@@ -221,7 +214,7 @@ class Command(BaseCommand):
         for line in _table(headers, rows, right=4, fit=width):
             self.stdout.write(line)
         shown = len(page.entries)
-        total = _plural(shown) if matching is None else f"{shown} of {_plural(matching)}"
+        total = plural(shown) if matching is None else f"{shown} of {plural(matching)}"
         self.stdout.write(f"\n{total}")
         if page.next_cursor is not None:
             self.stdout.write(f"next page: --cursor {page.next_cursor}")
@@ -239,8 +232,8 @@ class Command(BaseCommand):
             "Queue": s.queue or "(default)", "Reason": s.reason,
             "Fence": "-" if s.fence is None else str(s.fence),
             "Attempt": str(data.get("attempt") or "-"), "Worker": data.get("worker") or "-",
-            "Failed at": f"{_utc(s.failed_at_ms)} UTC",
-            "First failed": f"{_utc(s.first_failed_at_ms)} UTC", "Failures": str(s.failures),
+            "Failed at": f"{utc_text(s.failed_at_ms)} UTC",
+            "First failed": f"{utc_text(s.first_failed_at_ms)} UTC", "Failures": str(s.failures),
         }  # fmt: skip
         for label, value in fields.items():
             self.stdout.write(f"{label + ':':<14}{value}")
@@ -258,13 +251,14 @@ class Command(BaseCommand):
 
     @staticmethod
     def _history(history: Sequence[dict[str, Any]]) -> list[str]:
-        known = {"at_ms", "event", "fence", "worker", "scanner", "reason", "error"}
+        known = {*HISTORY_COLUMNS, "scanner", "reason", "error"}
         rows = []
-        for h in history:
+        for row in history_rows(history):
+            h = row.fields
             detail = ": ".join(str(h[k]) for k in ("reason", "error") if h.get(k))
-            extra = " ".join(f"{k}={v}" for k, v in h.items() if k not in known)
+            extra = " ".join(row.pairs(known))
             rows.append((
-                _utc(int(h["at_ms"])) if "at_ms" in h else "?", str(h.get("event", "?")),
+                "?" if row.at_ms is None else utc_text(row.at_ms), str(h.get("event", "?")),
                 str(h.get("fence", "-")), str(h.get("worker") or h.get("scanner") or "-"),
                 " ".join(p for p in (detail, extra) if p),
             ))  # fmt: skip
@@ -299,9 +293,9 @@ class Command(BaseCommand):
             self.stdout.write(self.style.ERROR(f"{entry_id}: {why}"))
         verb = "would be released (dry run: nothing changed)" if dry_run else "released"
         refused = f"; {len(done.refused)} refused" if done.refused else ""
-        self.stdout.write(f"{_plural(len(done.released))} {verb}{refused}.")
+        self.stdout.write(f"{plural(len(done.released))} {verb}{refused}.")
         if done.refused and not dry_run:
-            raise CommandError(f"{_plural(len(done.refused))} could not be released")
+            raise CommandError(f"{plural(len(done.refused))} could not be released")
 
     def _release_ids(self, entry_ids: list[str]) -> None:
         store = dlq.store()
@@ -337,19 +331,19 @@ class Command(BaseCommand):
         # The cutoff is fixed before the question: an entry that lands while the
         # operator reads it was not counted, so it is not deleted either.
         cutoff = store.server_time_ms() if older_than is None else older_than.ms(store)
-        scope = "" if older_than is None else f" that failed before {_utc(cutoff)} UTC"
+        scope = "" if older_than is None else f" that failed before {utc_text(cutoff)} UTC"
         if not yes:
             count = store.count_failed_before(cutoff)
             if count == 0:
                 self.stdout.write(f"Nothing to purge: no entries{scope}.")
                 return
-            self.stdout.write(f"Delete {_plural(count)}{scope} for good? [y/N] ", ending="")
+            self.stdout.write(f"Delete {plural(count)}{scope} for good? [y/N] ", ending="")
             self.stdout.flush()
             if sys.stdin.readline().strip().lower() not in ("y", "yes"):
                 self.stdout.write("Aborted; nothing deleted.")
                 return
         deleted = store.purge(cutoff)
-        self.stdout.write(self.style.SUCCESS(f"Deleted {_plural(deleted)}{scope}."))
+        self.stdout.write(self.style.SUCCESS(f"Deleted {plural(deleted)}{scope}."))
 
     def _export(
         self, *, task: str | None, reason: str | None, since: When | None, output: str | None,
@@ -369,7 +363,7 @@ class Command(BaseCommand):
                     count += 1
         except OSError as exc:
             raise CommandError(f"cannot write {output}: {exc.strerror or exc}") from exc
-        self.stderr.write(f"Exported {_plural(count)} to {output}.", style_func=self.style.SUCCESS)
+        self.stderr.write(f"Exported {plural(count)} to {output}.", style_func=self.style.SUCCESS)
 
     def _stats(self, *, as_json: bool, **_: Any) -> None:
         store = dlq.store()
@@ -389,8 +383,8 @@ class Command(BaseCommand):
         if counts.total == 0 or oldest_ms is None or newest_ms is None:
             self.stdout.write("The dead-letter queue is empty.")
             return
-        self.stdout.write(f"{_plural(counts.total)}; failures from {_utc(oldest_ms)} UTC to "
-                          f"{_utc(newest_ms)} UTC")  # fmt: skip
+        self.stdout.write(f"{plural(counts.total)}; failures from {utc_text(oldest_ms)} UTC to "
+                          f"{utc_text(newest_ms)} UTC")  # fmt: skip
         by_pair = counts.by_reason_and_task.items()
         tables: list[tuple[tuple[str, ...], dict[tuple[str, ...], int]]] = [
             (("REASON",), {(r,): n for r, n in counts.by_reason.items()}),
