@@ -24,7 +24,7 @@ returns its KEYS in the order its ``.lua`` header declares.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -147,11 +147,15 @@ class KeySpace:
     def for_retry(self, task_id: str) -> list[str]:
         return [self.task(task_id), self.history(task_id), self.expiry]
 
-    def for_resurrect(self, task_id: str) -> list[str]:
-        return [self.task(task_id), self.history(task_id), self.expiry]
+    def for_resurrect(self, task_ids: Iterable[str]) -> list[str]:
+        """The expiry index, then each task's hash and history (a batch script)."""
+        keys = [self.expiry]
+        for task_id in task_ids:
+            keys += (self.task(task_id), self.history(task_id))
+        return keys
 
-    def for_resurrected(self, task_id: str) -> list[str]:
-        return self.for_resurrect(task_id)
+    def for_resurrected(self, task_ids: Iterable[str]) -> list[str]:
+        return self.for_resurrect(task_ids)
 
     def for_leader(self) -> list[str]:
         return [self.leader]

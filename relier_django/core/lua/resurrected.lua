@@ -1,26 +1,40 @@
--- resurrected.lua: after the broker accepted a resurrected incarnation, count it and
--- store its envelope for the next replay; the lease deadline becomes a queued grace.
--- Serves G1: until this runs, the lease from resurrect.lua keeps the task covered,
--- so a scanner that dies between the two leaves a task that a later pass redoes.
+-- resurrected.lua: after the broker accepted a batch of resurrected incarnations, count
+-- each and store its envelope for the next replay; its lease deadline becomes a queued
+-- grace. One call per batch.
+-- Serves G1: until this runs, the lease from resurrect.lua keeps each task covered,
+-- so a scanner that dies between the two leaves tasks that a later pass redoes.
 --
--- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
--- ARGV[1]  task id
--- ARGV[2]  fence of the dispatched incarnation
--- ARGV[3]  its envelope, canonical JSON
--- ARGV[4]  queued grace, ms (as in push.lua)
--- ARGV[5]  history event: JSON object without its opening brace (see start.lua)
--- RETURNS  1 recorded; 0 the fence moved on meanwhile (nothing written)
-local id = ARGV[1]
-if redis.call('HGET', KEYS[1], 'fence') ~= ARGV[2] then
-  return 0
-end
+-- KEYS[1]        expiry index
+-- KEYS[2i]       task hash of the i-th task    KEYS[2i+1]  its history list
+-- ARGV[1]        queued grace, ms (as in push.lua)
+-- ARGV[4i-2]     task id of the i-th task
+-- ARGV[4i-1]     fence of its dispatched incarnation
+-- ARGV[4i]       its envelope, canonical JSON
+-- ARGV[4i+1]     history event: JSON object without its opening brace (see start.lua)
+-- RETURNS        one integer per task, in order: 1 recorded; 0 the fence moved on
+--                meanwhile (nothing written for that task)
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HINCRBY', KEYS[1], 'res', 1)
-redis.call('HSET', KEYS[1], 'env', ARGV[3])
--- The new incarnation may already have started (its heartbeat owns the deadline then).
-if redis.call('HGET', KEYS[1], 'state') == 'queued' then
-  redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]), id)
+local grace_until = now_ms + tonumber(ARGV[1])
+
+local function recorded(id, fence, env, event, hash, history)
+  if redis.call('HGET', hash, 'fence') ~= fence then
+    return 0
+  end
+  redis.call('HINCRBY', hash, 'res', 1)
+  redis.call('HSET', hash, 'env', env)
+  -- The new incarnation may already have started (its heartbeat owns the deadline then).
+  if redis.call('HGET', hash, 'state') == 'queued' then
+    redis.call('ZADD', KEYS[1], grace_until, id)
+  end
+  redis.call('RPUSH', history, '{"at_ms":' .. now_ms .. ',' .. event)
+  return 1
 end
-redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[5])
-return 1
+
+local replies = {}
+for i = 1, (#ARGV - 1) / 4 do
+  local a = 4 * i - 2
+  replies[i] = recorded(ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+    KEYS[2 * i], KEYS[2 * i + 1])
+end
+return replies
