@@ -4,10 +4,11 @@ A pass reads the expiry index by score (``ZRANGEBYSCORE -inf <Redis now> LIMIT``
 so it costs O(expired), not O(in flight). For each batch of up to ``SCRIPT_BATCH``
 expired tasks, one ``resurrect.lua`` call re-checks each deadline on the Redis clock,
 takes a lease and mints the next fence; each stored envelope is re-published to the
-recovery queue; one ``resurrected.lua`` call then counts the resurrections the broker
-accepted and turns their leases into a queued grace. A task past its
-``max_resurrections`` goes to the DLQ instead. A batch costs two round trips to the
-store, not two per task.
+recovery queue (in one producer batch: one round trip to a Redis broker); one
+``resurrected.lua`` call then counts the resurrections the broker accepted and turns
+their leases into a queued grace. A task past its ``max_resurrections`` goes to the
+DLQ instead. A batch costs two round trips to the store and one to the broker, not
+three per task.
 
 :class:`Scanner` runs passes while it holds the leader lease, so of all the
 resurrectors running (one per worker, plus any standalone) one scans at a time; the
@@ -175,7 +176,7 @@ class Resurrector:
                 settled = "error"
             if settled:
                 outcomes[settled] += 1
-        sent = [d for d, ok in zip(ready, pool.map(self._publish, ready), strict=True) if ok]
+        sent = self._publish_all(ready, pool)
         outcomes["send_failed"] += len(ready) - len(sent)
         if sent:
             outcomes["resurrected"] += len(sent)
@@ -194,12 +195,30 @@ class Resurrector:
         except EnvelopeError as exc:
             return self._dead_letter_unreadable(lease.stored, lease.env, exc)
         if lease.code == 2:
-            return self._dead_letter(
-                dataclasses.replace(env, fence=lease.fence), lease.resurrections
-            )
+            # The stored copy is as pushed: fence and count are the task hash's.
+            dying = dataclasses.replace(env, fence=lease.fence, resurrections=lease.resurrections)
+            return self._dead_letter(dying, lease.resurrections)
         nxt = dataclasses.replace(env, fence=lease.fence, resurrections=lease.resurrections + 1)
         ready.append((nxt, nxt.encode(self.config.signer)))
         return ""
+
+    def _publish_all(
+        self, ready: list[tuple[Envelope, str]], pool: ThreadPoolExecutor
+    ) -> list[tuple[Envelope, str]]:
+        """Publish ``ready``; returns those the broker accepted. One producer batch
+        first (one round trip to a Redis broker); if it fails, or this kombu cannot
+        batch, one publish per task, ``max_concurrent_sends`` at a time."""
+        if len(ready) > 1:
+            try:
+                if broker.send_batch(self.app, ready, self.config.recovery_queue):
+                    return ready
+            except Exception:
+                logger.warning(
+                    "batched resurrection publish of %s task(s) failed; publishing one by one",
+                    len(ready),
+                    exc_info=True,
+                )
+        return [d for d, ok in zip(ready, pool.map(self._publish, ready), strict=True) if ok]
 
     def _publish(self, dispatch: tuple[Envelope, str]) -> bool:
         env, encoded = dispatch
@@ -218,9 +237,9 @@ class Resurrector:
     def _record(self, sent: list[tuple[Envelope, str]]) -> None:
         grace_ms = int(self.config.queued_grace_s * 1000)
         args: list[scripts.Arg] = [grace_ms]
-        for env, encoded in sent:
+        for env, _ in sent:
             tail = history_tail("resurrected", fence=env.fence, scanner=self.scanner_id)
-            args += (env.id, env.fence, encoded, tail)
+            args += (env.id, env.fence, tail)
         recorded = scripts.ScriptCall(
             scripts.RESURRECTED, self.keys.for_resurrected(env.id for env, _ in sent), args,
             lambda replies: [bool(int(r)) for r in replies],
