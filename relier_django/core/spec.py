@@ -34,23 +34,36 @@ class TaskSpec:
     # The arguments' schema version and the migrations from older ones (@rl_task(version=)).
     schema: Schema = field(default_factory=Schema)
 
+    # Worked out once at decoration: inspect.signature costs tens of microseconds, and
+    # every push and every run needs it.
+    _is_async: bool = field(init=False, repr=False, compare=False)
+    _wants_context: bool = field(init=False, repr=False, compare=False)
+    _user_signature: inspect.Signature = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sig = inspect.signature(self.fn)
+        params = list(sig.parameters.values())
+        wants = bool(params) and _is_context(params[0])
+        object.__setattr__(self, "_is_async", inspect.iscoroutinefunction(self.fn))
+        object.__setattr__(self, "_wants_context", wants)
+        user = sig.replace(parameters=params[1:] if wants else params)
+        object.__setattr__(self, "_user_signature", user)
+
     @property
     def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn)
+        return self._is_async
 
     @property
     def wants_context(self) -> bool:
         """True when the first parameter is named ``ctx`` or annotated ``TaskContext``."""
-        params = list(inspect.signature(self.fn).parameters.values())
-        if not params:
-            return False
-        first = params[0]
-        annotation = first.annotation
-        named = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
-        return first.name == "ctx" or named.endswith("TaskContext")
+        return self._wants_context
 
     def user_signature(self) -> inspect.Signature:
         """The signature callers push against (without the injected context)."""
-        sig = inspect.signature(self.fn)
-        params = list(sig.parameters.values())
-        return sig.replace(parameters=params[1:] if self.wants_context else params)
+        return self._user_signature
+
+
+def _is_context(first: inspect.Parameter) -> bool:
+    annotation = first.annotation
+    named = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return first.name == "ctx" or named.endswith("TaskContext")
