@@ -42,8 +42,9 @@ def send_batch(app: Any, items: Sequence[tuple[Envelope, str]], queue: str) -> b
     per batch instead of one per message. Returns True once the broker accepted every
     message; False when this kombu has no batch publishing (nothing was sent).
 
-    Raises whatever the transport raises, and then any of the messages may or may not
-    have been accepted: the caller re-sends them one by one. A message accepted twice
+    Raises whatever the transport raises. Some of the messages may have been delivered
+    by then (a transport that cannot batch publishes each at once; a pipeline may fail
+    part way), so the caller re-sends them all one by one: a message delivered twice
     carries one fence, and ``start.lua`` starts one fence once.
     """
     with app.producer_or_acquire() as producer:

@@ -12,7 +12,8 @@ three per task.
 
 :class:`Scanner` runs passes while it holds the leader lease, so of all the
 resurrectors running (one per worker, plus any standalone) one scans at a time; the
-per-task script makes even two concurrent passes re-dispatch each task once.
+script re-checks and moves each task's deadline as it leases it, so even two
+concurrent passes re-dispatch each task once.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class PassReport:
 
 @dataclass(frozen=True, slots=True)
 class _Leased:
-    """resurrect.lua's reply: code 1 leased, 2 over the limit, 0 skipped."""
+    """resurrect.lua's reply: code 1 leased, 2 over the limit, 0 skipped, -1 failed
+    (``env`` then holds the script's error)."""
 
     code: int
     fence: int = -1
@@ -69,6 +71,8 @@ class _Leased:
 
 def _parse_lease(task_id: str, reply: list[Any]) -> _Leased:
     code = int(reply[0])
+    if code == -1:
+        return _Leased(-1, env=str(reply[1]))  # the script's error for this task
     if code == 0:
         return _Leased(0)
     fence = int(reply[1])
@@ -169,6 +173,14 @@ class Resurrector:
         outcomes: Counter[str] = Counter()
         ready: list[tuple[Envelope, str]] = []
         for task_id, lease in zip(ids, leased, strict=True):
+            if lease.code == -1:
+                logger.error(
+                    "resurrection failed task_id=%s: %s; a later pass retries it",
+                    task_id,
+                    lease.env,
+                )
+                outcomes["error"] += 1
+                continue
             try:
                 settled = self._settle(lease, ready)
             except Exception:
@@ -195,7 +207,7 @@ class Resurrector:
         except EnvelopeError as exc:
             return self._dead_letter_unreadable(lease.stored, lease.env, exc)
         if lease.code == 2:
-            # The stored copy is as pushed: fence and count are the task hash's.
+            # The stored copy may be as pushed: fence and count are the task hash's.
             dying = dataclasses.replace(env, fence=lease.fence, resurrections=lease.resurrections)
             return self._dead_letter(dying, lease.resurrections)
         nxt = dataclasses.replace(env, fence=lease.fence, resurrections=lease.resurrections + 1)
@@ -237,9 +249,11 @@ class Resurrector:
     def _record(self, sent: list[tuple[Envelope, str]]) -> None:
         grace_ms = int(self.config.queued_grace_s * 1000)
         args: list[scripts.Arg] = [grace_ms]
-        for env, _ in sent:
+        # Re-stored only when signed: see resurrected.lua (key rotation).
+        signed = self.config.signer is not None
+        for env, encoded in sent:
             tail = history_tail("resurrected", fence=env.fence, scanner=self.scanner_id)
-            args += (env.id, env.fence, tail)
+            args += (env.id, env.fence, encoded if signed else "", tail)
         recorded = scripts.ScriptCall(
             scripts.RESURRECTED, self.keys.for_resurrected(env.id for env, _ in sent), args,
             lambda replies: [bool(int(r)) for r in replies],

@@ -111,3 +111,44 @@ def test_resurrected_tasks_reach_the_real_broker_in_one_producer_batch(redis_cli
     )
     assert client.info("commandstats")["cmdstat_lpush"]["calls"] - lpush_before == 150
     assert "publishing one by one" not in caplog.text  # the batch itself went through
+
+
+def test_a_hash_missing_its_counters_goes_to_the_dlq_and_the_rest_of_the_batch_comes_back(
+    redis_client,
+):
+    client = sync_client(config.current())
+    ids = _stored(client, 5)
+    client.hdel(KEYS.task(ids[0]), "res", "maxres")  # edited by hand
+    client.hset(KEYS.task(ids[1]), "fence", "not-a-number")  # HINCRBY will refuse it
+    _expire(client, ids)
+    app = RecordingApp()
+
+    report = Resurrector(app, config.current(), "corrupt").run_pass()
+
+    assert report.outcomes == {"dead_lettered": 1, "error": 1, "resurrected": 3}
+    assert sorted(app.sent) == sorted((i, 2) for i in ids[2:])
+    assert not client.exists(KEYS.task(ids[0]))  # in the DLQ, with its envelope
+
+
+def test_with_signing_keys_a_resurrection_re_stores_the_envelope_under_the_newest_key(
+    redis_client,
+):
+    from relier_django.core.envelope import decode
+    from relier_django.core.signing import key_id
+
+    old, new = "old-key-" + "o" * 40, "new-key-" + "n" * 40
+    client = sync_client(config.current())
+    pushed_under_old = config.current().replace(signing_keys=(old,))
+    env = producer.prepare(tasks.record.relier_spec, ("rotated",), {})
+    encoded = env.encode(pushed_under_old.signer)
+    idempotency.store(KEYS, env, encoded, 600_000, 3).run(client)
+    _expire(client, [env.id])
+    rotating = config.current().replace(signing_keys=(new, old))  # step 2 of a rotation
+
+    report = Resurrector(RecordingApp(), rotating, "rotation").run_pass()
+
+    assert report.outcomes == {"resurrected": 1}
+    stored = client.hget(KEYS.task(env.id), "env")
+    assert json.loads(stored)["hmac"]["kid"] == key_id(new)
+    # Step 3 retires the old key: the stored copy still verifies.
+    assert decode(stored, config.current().replace(signing_keys=(new,)).signer).id == env.id

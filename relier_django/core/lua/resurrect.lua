@@ -20,6 +20,9 @@
 --   (its claim released, its entry indexed under its task)
 --   {0, 'alive'}   deadline not reached (refreshed, started, or leased by another pass)
 --   {0, 'gone'}    no such task: the index entry was stale and has been removed
+--   {-1, error}    this task's step failed (a hash edited by hand, say); the others in
+--                  the batch are answered all the same
+-- A hash that lost its counters counts as past its limit: it goes to the DLQ whole.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = now_ms + tonumber(ARGV[1])
@@ -41,7 +44,7 @@ local function resurrect(id, hash, history)
       f[1] .. ',"state":' .. cjson.encode(f[5]) .. ',"worker":' .. cjson.encode(f[6] or '') ..
       ',"scanner":' .. cjson.encode(ARGV[2]) .. '}')
   end
-  local res, maxres = tonumber(f[3]), tonumber(f[4])
+  local res, maxres = tonumber(f[3]) or 0, tonumber(f[4]) or 0
   if f[5] == 'dying' or res >= maxres then
     redis.call('HSET', hash, 'state', 'dying')
     redis.call('ZADD', KEYS[1], lease_until, id)
@@ -56,6 +59,10 @@ end
 local replies = {}
 for i = 3, #ARGV do
   local k = 2 * (i - 2)
-  replies[#replies + 1] = resurrect(ARGV[i], KEYS[k], KEYS[k + 1])
+  local ok, reply = pcall(resurrect, ARGV[i], KEYS[k], KEYS[k + 1])
+  if not ok then  -- a Redis error reply is a table {err = ...}, a Lua error a string
+    reply = {-1, type(reply) == 'table' and tostring(reply.err) or tostring(reply)}
+  end
+  replies[#replies + 1] = reply
 end
 return replies
