@@ -92,6 +92,10 @@ class Reservations:
     def add(self, task_id: str, fence: int) -> None:
         """Cover a just-received message now (one round trip), then with the rest."""
         with self._lock:
+            # A broker redelivery of an older incarnation must not replace the current
+            # one's entry (its refresh would fail and drop the current one's coverage).
+            if fence < self._held.get(task_id, fence):
+                return
             self._held[task_id] = fence
             self._fresh.add(task_id)
         try:
@@ -100,12 +104,15 @@ class Reservations:
             logger.warning("could not register reserved task_id=%s", task_id, exc_info=True)
             return
         if lost:  # already started, superseded or finished: nothing to cover
-            self._drop(lost)
+            self._drop((task_id, fence) for task_id in lost)
 
-    def _drop(self, ids: Iterable[str]) -> None:
+    def _drop(self, pairs: Iterable[tuple[str, int]]) -> None:
+        """Stop covering each ``(task_id, fence)``, unless a newer fence of that task
+        was registered meanwhile."""
         with self._lock:
-            for task_id in ids:
-                self._held.pop(task_id, None)
+            for task_id, fence in pairs:
+                if self._held.get(task_id) == fence:
+                    del self._held[task_id]
 
     def held(self) -> list[tuple[str, int]]:
         with self._lock:
@@ -117,10 +124,11 @@ class Reservations:
             fresh, self._fresh = self._fresh, set()
         if self._waiting is not None and held:
             waiting = self._waiting() | fresh
-            self._drop(task_id for task_id, _ in held if task_id not in waiting)
+            self._drop(pair for pair in held if pair[0] not in waiting)
             held = [pair for pair in held if pair[0] in waiting]
         if held:
-            self._drop(self._refresh(held))
+            lost = set(self._refresh(held))
+            self._drop(pair for pair in held if pair[0] in lost)
 
     def handoff(self) -> int:
         """Give every reserved task up for immediate resurrection (warm shutdown)."""
@@ -128,7 +136,7 @@ class Reservations:
         held = self.held()
         if not held:
             return 0
-        self._drop(task_id for task_id, _ in held)
+        self._drop(held)
         call = fencing.handoff(self.keys, held, state="queued")
         return call.run(sync_client(self.config))
 

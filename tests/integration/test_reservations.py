@@ -71,3 +71,18 @@ def test_waiting_request_ids_leave_out_accepted_requests():
     finally:
         for task_id in booked:
             state.requests.pop(task_id, None)
+
+
+def test_a_redelivered_older_incarnation_does_not_take_the_current_ones_coverage(
+    redis_client,
+):
+    client = sync_client(config.current())
+    env = _stored(client, "resurrected-then-redelivered")
+    client.hincrby(KEYS.task(env.id), "fence", 1)  # resurrected: fence 2 is current
+    reservations = Reservations(config.current(), lambda: {env.id})
+    reservations.add(env.id, 2)
+    reservations.add(env.id, 1)  # the broker's own copy of fence 1 arrives later
+    assert dict(reservations.held()) == {env.id: 2}
+    reservations.refresh_once()
+    reservations.refresh_once()
+    assert dict(reservations.held()) == {env.id: 2}  # still covered
