@@ -36,8 +36,9 @@ KEYS = KeySpace("rl")
 
 HAVE_PG = "pg" in settings.DATABASES
 PG_SKIP = (
-    "PostgreSQL not reachable: on_commit tests ran on SQLite only (set "
-    "RELIER_TEST_POSTGRES_URL to a server pytest-django may create a database on)"
+    f"{settings.RELIER_TEST_POSTGRES_ABSENT}: on_commit tests ran on "
+    "SQLite only (set RELIER_TEST_POSTGRES_URL to a server pytest-django may create a "
+    "database on)"
 )
 DATABASES = ["default", "pg"] if HAVE_PG else ["default"]
 ALIASES = pytest.mark.parametrize(
