@@ -62,7 +62,7 @@ class TaskContext:
         self._partial = state
 
     def set_partial(self, state: Any) -> None:
-        """The same as ``aset_partial``, for plain ``def`` tasks (which run in a thread)."""
+        """The same as ``aset_partial``, for plain ``def`` tasks (off the event loop)."""
         loop = self._loop
         if loop is None:
             raise RuntimeError("this TaskContext is not attached to a running incarnation")

@@ -2,13 +2,16 @@
 
 One round trip (heartbeat.lua) refreshes all of the process's tasks. A refresh that
 finds a task's fence moved marks that incarnation lost (G2): its context reports
-``is_current() == False`` and an ``async def`` task is cancelled.
+``is_current() == False`` and an ``async def`` task is cancelled. Tasks are added and
+removed from any thread (a plain ``def`` task runs in Celery's pool thread); the
+refreshes always run on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,25 +30,43 @@ class _Held:
 
 
 class Heartbeats:
-    """The running tasks of one process (lives on its bridge loop)."""
+    """The running tasks of one process, refreshed on its bridge loop."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop) -> None:
         self.config = config
+        self._loop = loop
         self._held: dict[str, _Held] = {}
-        self._pump: asyncio.Task[None] | None = None
+        self._lock = threading.Lock()
+        self._pumping = False  # a refresh task is scheduled or running
 
     def add(self, task_id: str, fence: int, on_lost: Callable[[], None]) -> None:
-        self._held[task_id] = _Held(fence, on_lost)
-        if self._pump is None or self._pump.done():
-            self._pump = asyncio.get_running_loop().create_task(
-                self._run(), name="relier-heartbeats"
-            )
+        """Cover ``task_id`` at ``fence`` from the next refresh on. Any thread; the
+        loop is woken only when no refresh task is running yet. ``on_lost`` runs on
+        the loop."""
+        with self._lock:
+            self._held[task_id] = _Held(fence, on_lost)
+            if self._pumping:
+                return
+            self._pumping = True
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._start_pump()
+        else:
+            self._loop.call_soon_threadsafe(self._start_pump)
+
+    def _start_pump(self) -> None:
+        self._loop.create_task(self._run(), name="relier-heartbeats")
 
     def remove(self, task_id: str) -> None:
-        self._held.pop(task_id, None)
+        with self._lock:
+            self._held.pop(task_id, None)
 
     def held(self) -> list[tuple[str, int]]:
-        return [(task_id, h.fence) for task_id, h in self._held.items()]
+        with self._lock:
+            return [(task_id, h.fence) for task_id, h in self._held.items()]
 
     async def refresh_once(self) -> list[str]:
         """Refresh every held task; returns (and signals) the ones that were lost."""
@@ -56,7 +77,8 @@ class Heartbeats:
         ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
         lost = await fencing.heartbeat(keys, held, ttl_ms).arun(async_client(self.config))
         for task_id in lost:
-            entry = self._held.pop(task_id, None)
+            with self._lock:
+                entry = self._held.pop(task_id, None)
             if entry is not None:
                 logger.warning(
                     "incarnation superseded task_id=%s fence=%s: cancelling it",
@@ -67,23 +89,39 @@ class Heartbeats:
         return lost
 
     async def _run(self) -> None:
-        while self._held:
-            await asyncio.sleep(self.config.heartbeat_every_s)
-            try:
-                await self.refresh_once()
-            except Exception:
-                # The deadline keeps its old value; if Redis stays away long enough the
-                # task is resurrected elsewhere and this incarnation will be refused.
-                logger.warning("heartbeat refresh failed", exc_info=True)
+        try:
+            while True:
+                await asyncio.sleep(self.config.heartbeat_every_s)
+                try:
+                    await self.refresh_once()
+                except Exception:
+                    # The deadline keeps its old value; if Redis stays away long enough
+                    # the task is resurrected elsewhere and this incarnation is refused.
+                    logger.warning("heartbeat refresh failed", exc_info=True)
+                with self._lock:
+                    if not self._held:  # an add() from now on starts a new pump
+                        self._pumping = False
+                        return
+        except BaseException:
+            with self._lock:
+                self._pumping = False
+            raise
 
 
 _by_loop: dict[int, Heartbeats] = {}
+_by_loop_lock = threading.Lock()
+
+
+def for_loop(loop: asyncio.AbstractEventLoop, config: Config) -> Heartbeats:
+    """The heartbeats refreshed on ``loop`` (this process's bridge loop); callable
+    from any thread."""
+    with _by_loop_lock:
+        hb = _by_loop.get(id(loop))
+        if hb is None or hb._loop is not loop or (hb.config is not config and hb.config != config):
+            hb = _by_loop[id(loop)] = Heartbeats(config, loop)
+        return hb
 
 
 def for_running_loop(config: Config) -> Heartbeats:
     """The heartbeats of the running (bridge) loop."""
-    loop_id = id(asyncio.get_running_loop())
-    hb = _by_loop.get(loop_id)
-    if hb is None or hb.config != config:
-        hb = _by_loop[loop_id] = Heartbeats(config)
-    return hb
+    return for_loop(asyncio.get_running_loop(), config)

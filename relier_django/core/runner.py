@@ -1,8 +1,11 @@
 """One incarnation: verify → start → migrate → execute → commit | retry | dead-letter.
 
-Runs on the process's bridge loop. ``async def`` tasks run on the loop itself; plain
-``def`` tasks run in a thread, so the loop stays free for heartbeats. The runner never
-imports the producer: a retry re-publishes through ``broker`` directly.
+``async def`` tasks run on the process's bridge loop (``run``). Plain ``def`` tasks run
+in the thread Celery calls them from (``run_blocking``): start and commit through the
+process's sync client, the function inline, the heartbeat on the bridge loop; the rare
+outcomes (a refusal of the message, a failure, a retry, the DLQ) cross to the loop and
+share ``run``'s code. The runner never imports the producer: a retry re-publishes
+through ``broker`` directly.
 
 With signing keys configured, every message is verified on arrival and every envelope
 the runner writes (a retry, a DLQ entry) is signed with the newest key.
@@ -16,16 +19,18 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import broker, checkpoint, dlq, fencing, heartbeat, outcome, timeouts
+from . import bridge, broker, checkpoint, dlq, fencing, heartbeat, outcome, timeouts
 from .config import Config
-from .connection import async_client
+from .connection import async_client, sync_client
 from .context import TaskContext
 from .dlq import Failure, Reason
 from .envelope import Envelope, decode
 from .errors import EnvelopeError, TaskLost
+from .fencing import StartResult
 from .keys import KeySpace
 from .retry import backoff_s
 from .schema import Call, SchemaMismatch
+from .scripts import ScriptCall
 from .spec import TaskSpec
 
 logger = logging.getLogger("relier_django.runner")
@@ -86,24 +91,85 @@ class Runner:
             return
         await self._incarnation(self.spec, env)
 
-    async def _incarnation(self, spec: TaskSpec, env: Envelope) -> None:
-        ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
-        started = await fencing.start(self.keys, env, self.worker, ttl_ms).arun(self.client)
-        if not started.started:
-            # Internal outcome: nothing for a caller to see, but never silent.
-            logger.warning(
-                "message refused task_id=%s fence=%s reason=%s current_fence=%s",
-                env.id,
-                env.fence,
-                started.refusal,
-                started.current_fence,
-            )
+    def run_blocking(self, raw: object) -> None:
+        """Execute one delivered message of a plain ``def`` task in the calling thread.
+
+        The same outcomes as :meth:`run`, which it hands every message it cannot start
+        (undecodable, addressed to another task, an ``async def`` task). A superseded
+        incarnation learns it from ``ctx.is_current()``; it cannot be interrupted, and
+        its commit is refused (G2)."""
+        spec = self.spec
+        try:
+            env = decode(raw, self.signer)
+        except EnvelopeError:
+            env = None
+        if env is None or spec is None or spec.is_async or env.task != spec.name:
+            bridge.run(self.run(raw))
             return
+        started = self._start_call(env).run(sync_client(self.config))
+        if not started.started:
+            self._refused(env, started)
+            return
+        ctx = self._context(env, bridge.loop())
+        beats = heartbeat.for_loop(bridge.loop(), self.config)
+        beats.add(env.id, env.fence, ctx.mark_lost)
+        try:
+            call = self._upgrade(spec, env)
+            if started.checkpoint:
+                ctx._partial = checkpoint.load(started.checkpoint)
+            args = (ctx, *call.args) if spec.wants_context else call.args
+            result = spec.fn(*args, **call.kwargs)
+        except TaskLost:
+            logger.warning("incarnation gave up: superseded task_id=%s fence=%s", env.id, env.fence)
+            return
+        except _Unrunnable as exc:
+            beats.remove(env.id)
+            bridge.run(self._dead(env, exc.failure))
+            return
+        except Exception as exc:
+            beats.remove(env.id)  # before the outcome, as in _incarnation
+            bridge.run(self._failed(spec, env, exc))
+            return
+        finally:
+            beats.remove(env.id)
+        record = self._record(result)
+        if isinstance(record, Failure):
+            bridge.run(self._dead(env, record))
+            return
+        done = fencing.commit(self.keys, env, record, self.result_ttl_ms).run(
+            sync_client(self.config)
+        )
+        if self._committed(env, done) and self.config.checkpoint_dir is not None:
+            checkpoint.remove_files(self.config.checkpoint_dir, env.id)
+
+    def _start_call(self, env: Envelope) -> ScriptCall[StartResult]:
+        ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
+        return fencing.start(self.keys, env, self.worker, ttl_ms)
+
+    def _refused(self, env: Envelope, started: StartResult) -> None:
+        # Internal outcome: nothing for a caller to see, but never silent.
+        logger.warning(
+            "message refused task_id=%s fence=%s reason=%s current_fence=%s",
+            env.id,
+            env.fence,
+            started.refusal,
+            started.current_fence,
+        )
+
+    def _context(self, env: Envelope, loop: asyncio.AbstractEventLoop) -> TaskContext:
         # The envelope is this incarnation's own checksummed record; the task hash's
         # counters may lag it (resurrected.lua counts only after the broker's ACK).
         ctx = TaskContext(env.id, env.fence, env.attempt, env.resurrections, env.task, self.worker)
-        loop = asyncio.get_running_loop()
         ctx._loop, ctx._save = loop, self._saver(ctx, env)
+        return ctx
+
+    async def _incarnation(self, spec: TaskSpec, env: Envelope) -> None:
+        started = await self._start_call(env).arun(self.client)
+        if not started.started:
+            self._refused(env, started)
+            return
+        loop = asyncio.get_running_loop()
+        ctx = self._context(env, loop)
         beats = heartbeat.for_running_loop(self.config)
         work = loop.create_task(self._invoke(spec, ctx, env, started.checkpoint))
 
@@ -181,16 +247,17 @@ class Runner:
         return await asyncio.to_thread(spec.fn, *args, **call.kwargs)
 
     async def _arguments(self, spec: TaskSpec, env: Envelope) -> Call:
+        if env.schema_version == spec.schema.version:
+            return self._upgrade(spec, env)
+        # A migration may read a database: off the loop, like a plain def task.
+        return await asyncio.to_thread(self._upgrade, spec, env)
+
+    def _upgrade(self, spec: TaskSpec, env: Envelope) -> Call:
         """The envelope's arguments, migrated to this worker's schema in memory (the
         stored envelope keeps the producer's version, so any worker can replay it)."""
         schema = spec.schema
         try:
-            if env.schema_version == schema.version:
-                call = schema.upgrade(spec.name, env.schema_version, env.args, env.kwargs)
-            else:  # a migration may read a database: off the loop, like a plain def task
-                call = await asyncio.to_thread(
-                    schema.upgrade, spec.name, env.schema_version, env.args, env.kwargs
-                )
+            call = schema.upgrade(spec.name, env.schema_version, env.args, env.kwargs)
             schema.fit(spec.name, spec.user_signature(), call)
         except SchemaMismatch as exc:
             failure = Failure(
@@ -209,22 +276,29 @@ class Runner:
         return call
 
     async def _commit(self, env: Envelope, result: Any) -> None:
+        record = self._record(result)
+        if isinstance(record, Failure):
+            await self._dead(env, record)
+            return
+        done = await fencing.commit(self.keys, env, record, self.result_ttl_ms).arun(self.client)
+        if self._committed(env, done) and self.config.checkpoint_dir is not None:
+            await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
+
+    def _record(self, result: Any) -> str | Failure:
+        """The result as committed, or the DLQ failure of one that is not JSON."""
         try:
-            record = outcome.succeeded(result)
+            return outcome.succeeded(result)
         except (TypeError, ValueError) as exc:
-            failure = Failure(
+            return Failure(
                 Reason.RESULT_NOT_SERIALIZABLE,
                 type(exc).__name__,
                 f"the task returned a {type(result).__name__}, which is not JSON: {exc}",
                 worker=self.worker,
             )
-            await self._dead(env, failure)
-            return
-        done = await fencing.commit(self.keys, env, record, self.result_ttl_ms).arun(self.client)
+
+    def _committed(self, env: Envelope, done: fencing.Transition) -> bool:
         if done.accepted:
             logger.info("committed task_id=%s fence=%s", env.id, env.fence)
-            if self.config.checkpoint_dir is not None:
-                await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
         else:
             logger.warning(
                 "stale commit rejected task_id=%s fence=%s current_fence=%s",
@@ -232,6 +306,7 @@ class Runner:
                 env.fence,
                 done.value,
             )
+        return done.accepted
 
     async def _failed(self, spec: TaskSpec, env: Envelope, exc: Exception) -> None:
         retryable = isinstance(exc, spec.retry_on) if spec.retry_on else False

@@ -93,7 +93,8 @@ class RelierTask(Task):  # type: ignore[misc]
 
 
 def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> None:
-    """The Celery task body, in the worker process: run the envelope on the bridge loop."""
+    """The Celery task body, in the worker process: an ``async def`` task runs on the
+    bridge loop, a plain ``def`` one in this (Celery's pool) thread."""
     runner = Runner(
         self.relier_spec,
         self.app,
@@ -102,7 +103,10 @@ def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> None:
         queue=(self.request.delivery_info or {}).get("routing_key") or "",
     )
     if len(args) == 1 and not kwargs:
-        bridge.run(runner.run(args[0]))
+        if self.relier_spec.is_async:
+            bridge.run(runner.run(args[0]))
+        else:  # in this thread: no hop to the loop and on to another thread
+            runner.run_blocking(args[0])
         return
     # Not sent by push(): keep what arrived rather than running it or dropping it.
     detail = (

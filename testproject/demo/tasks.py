@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -53,11 +54,23 @@ async def record(ctx: TaskContext, label: str, sleep_s: float = 0.0) -> dict:
 
 @rl_task(name="demo.sync_record")
 def sync_record(ctx: TaskContext, label: str, sleep_s: float = 0.0) -> dict:
-    """The same as ``record``, as a plain ``def`` (runs in a thread)."""
+    """The same as ``record``, as a plain ``def`` (runs in Celery's pool thread)."""
     if sleep_s:
         time.sleep(sleep_s)
     runs = _record(label, ctx)
     return {"label": label, "fence": ctx.fence_token, "runs": runs}
+
+
+@rl_task(name="demo.watch_fence")
+def watch_fence(ctx: TaskContext, label: str, max_s: float) -> dict:
+    """Runs until it learns it was superseded (or ``max_s``); records what it saw and
+    the thread it ran in."""
+    deadline = time.monotonic() + max_s
+    while ctx.is_current() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seen = "superseded" if not ctx.is_current() else "current"
+    _redis().rpush(f"demo:watch:{label}", f"{seen}:{threading.current_thread().name}")
+    return {"seen": seen}
 
 
 @rl_task(name="demo.charge", idempotent=True)

@@ -114,3 +114,23 @@ def test_a_replayed_start_is_the_start_it_made_and_another_delivery_is_refused(r
     assert not other.started and other.refusal == "started"
     starts = [e for e in client.lrange(KEYS.history(env.id), 0, -1) if '"start"' in e]
     assert len(starts) == 1  # the replay recorded nothing new
+
+
+def test_a_running_def_incarnation_learns_it_was_superseded_and_cannot_commit(
+    worker_factory, redis_client
+):
+    """A plain ``def`` task runs in Celery's pool thread, not on the loop that keeps
+    its heartbeat: the refresh that finds its fence moved still reaches it
+    (``ctx.is_current()``), and its commit is refused (G2)."""
+    worker = worker_factory(extra_env={"RELIER_HEARTBEAT_TTL_S": "1.5"})
+    client = sync_client(config.current())
+    receipt = tasks.watch_fence.push("def-superseded", 20)
+    task_key = KEYS.task(receipt.task_id)
+    wait_until(lambda: client.hget(task_key, "state") == "running", 30, what="the task to start")
+    client.hincrby(task_key, "fence", 1)  # a newer incarnation now owns the task
+
+    wait_until(lambda: client.llen("demo:watch:def-superseded"), 15, what="self-detection")
+    assert client.lrange("demo:watch:def-superseded", 0, -1) == ["superseded:MainThread"]
+    line = f"stale commit rejected task_id={receipt.task_id} fence=1 current_fence=2"
+    wait_until(lambda: line in worker.log_text(), 10, what="the refused commit")
+    assert client.get(KEYS.result(receipt.task_id)) is None
