@@ -50,6 +50,40 @@ def test_a_changed_argument_fails_the_checksum():
     assert err.value.raw == json.dumps(body)
 
 
+def test_a_message_not_in_canonical_form_still_verifies_the_slow_way():
+    # Another producer may re-serialise (spaces, key order): the checksum is over the
+    # canonical body, not over the bytes as sent.
+    loose = json.dumps(json.loads(ENV.encode()), indent=1)[::-1][::-1]
+    assert loose != ENV.encode()
+    assert decode(loose) == ENV
+    assert decode(ENV.encode().encode()) == ENV  # bytes, as some brokers deliver
+
+
+def test_a_checksum_member_planted_inside_the_arguments_changes_nothing():
+    """The fast path cuts the checksum member out of the message as sent; a copy of it
+    planted earlier (inside the arguments) must not let tampered arguments through."""
+    wire = ENV.encode()
+    claimed = json.loads(wire)["sha256"]
+    body = json.loads(wire)
+    body["args"] = [{"a": 1, "sha256": claimed}, 1]
+    planted = canonical(body)
+    assert f',"sha256":"{claimed}"' in planted.split('"fence"')[0]
+    with pytest.raises(EnvelopeError) as err:
+        decode(planted)
+    assert err.value.reason == "payload_integrity"
+
+
+def test_a_signature_planted_inside_the_arguments_changes_nothing():
+    signer = Signer([NEW])
+    wire = ENV.encode(signer)
+    body = json.loads(wire)
+    body["args"] = [{"a": 1, "hmac": body["hmac"]}, 1]
+    with pytest.raises(EnvelopeError) as err:
+        decode(with_checksum(body), signer)
+    assert err.value.reason == "payload_integrity"
+    assert decode(wire, signer) == ENV
+
+
 def test_a_changed_fence_fails_the_checksum():
     body = json.loads(ENV.encode())
     body["fence"] = 7
