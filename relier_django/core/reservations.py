@@ -4,8 +4,8 @@ Celery's main process holds up to ``prefetch_multiplier * concurrency`` messages
 (and every ETA/countdown message) before a pool process starts them. If the worker
 dies, kombu's Redis transport gives them back only after the visibility timeout (an
 hour by default). Instead, the main process heartbeats them like running tasks
-(``heartbeat.lua`` in ``queued`` mode): each is registered shortly after it arrives
-and refreshed with the rest in one round trip per interval; once a task starts, its pool
+(``heartbeat.lua`` in ``queued`` mode): each is registered as it arrives and
+refreshed with the rest in one round trip per interval; once a task starts, its pool
 process's heartbeat takes over and the main process drops it. A dead worker's
 reserved tasks thus expire within one TTL and are resurrected; the broker's own copy,
 redelivered later, carries an old fence and is refused by ``start.lua``.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 
 from . import fencing
@@ -34,12 +33,6 @@ from .connection import sync_client
 from .keys import KeySpace
 
 logger = logging.getLogger("relier_django.reservations")
-
-# Arrivals are registered by the reservation thread, not in Celery's consumer thread
-# (which is what bounds a worker's throughput): it wakes on an arrival, waits this long
-# for more, then registers them all in one round trip. Until then the message is covered
-# by its queued grace from push.lua, which is far longer.
-REGISTER_WINDOW_S = 0.01
 
 
 def fence_of(args: object) -> int | None:
@@ -87,10 +80,8 @@ class Reservations:
         self.keys = KeySpace(config.key_prefix)
         self._held: dict[str, int] = {}
         self._fresh: set[str] = set()
-        self._arrived: dict[str, int] = {}  # registered at the thread's next wake-up
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _refresh(self, held: list[tuple[str, int]]) -> list[str]:
@@ -99,9 +90,15 @@ class Reservations:
         return call.run(sync_client(self.config))
 
     def add(self, task_id: str, fence: int) -> None:
-        """Cover a just-received message: registered within ``REGISTER_WINDOW_S`` by
-        the reservation thread (with every other arrival), then refreshed with the rest.
-        Never blocks on Redis, so it costs Celery's consumer no round trip."""
+        """Cover a just-received message now (one round trip), then with the rest.
+
+        Synchronous on purpose: Celery sends ``task_received`` before it hands the
+        message to the pool, and acks it (without ``acks_late``) as soon as a pool
+        process accepts it. Registered here, the task has a TTL deadline before the
+        broker forgets the message; registered later (batched in the reservation
+        thread, as once tried), a worker killed between the ack and ``start.lua``
+        left the task covered only by its hour-long queued grace: the chaos suite's
+        worker-kill scenario caught that."""
         with self._lock:
             # A broker redelivery of an older incarnation must not replace the current
             # one's entry (its refresh would fail and drop the current one's coverage).
@@ -109,27 +106,13 @@ class Reservations:
                 return
             self._held[task_id] = fence
             self._fresh.add(task_id)
-            self._arrived[task_id] = fence
-        self._wake.set()
-
-    def register_arrivals(self) -> None:
-        """Register every message added since the last call, in one round trip."""
-        with self._lock:
-            arrived, self._arrived = list(self._arrived.items()), {}
-        if not arrived:
-            return
         try:
-            lost = self._refresh(arrived)
+            lost = self._refresh([(task_id, fence)])
         except Exception:
-            logger.warning(
-                "could not register %s reserved task(s); their queued grace still covers them",
-                len(arrived),
-                exc_info=True,
-            )
+            logger.warning("could not register reserved task_id=%s", task_id, exc_info=True)
             return
         if lost:  # already started, superseded or finished: nothing to cover
-            lost_ids = set(lost)
-            self._drop(pair for pair in arrived if pair[0] in lost_ids)
+            self._drop((task_id, fence) for task_id in lost)
 
     def _drop(self, pairs: Iterable[tuple[str, int]]) -> None:
         """Stop covering each ``(task_id, fence)``, unless a newer fence of that task
@@ -166,18 +149,7 @@ class Reservations:
         return call.run(sync_client(self.config))
 
     def run(self) -> None:
-        every_s = self.config.heartbeat_every_s
-        due = time.monotonic() + every_s
-        while not self._stop.is_set():
-            if self._wake.wait(max(0.0, due - time.monotonic())):
-                self._wake.clear()
-                # A burst of arrivals shares one round trip.
-                if self._stop.wait(REGISTER_WINDOW_S):
-                    break
-                self.register_arrivals()
-            if time.monotonic() < due:
-                continue
-            due = time.monotonic() + every_s
+        while not self._stop.wait(self.config.heartbeat_every_s):
             try:
                 self.refresh_once()
             except Exception:
@@ -189,4 +161,3 @@ class Reservations:
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()

@@ -88,40 +88,15 @@ def test_a_redelivered_older_incarnation_does_not_take_the_current_ones_coverage
     assert dict(reservations.held()) == {env.id: 2}  # still covered
 
 
-def test_arrivals_are_registered_together_by_the_reservation_thread(redis_client):
-    """``add`` never waits on Redis (it runs in Celery's consumer thread); the
-    reservation thread registers the arrivals, turning each one's queued grace (an
-    hour by default) into a heartbeat TTL, so a dead worker's reserved tasks expire
-    within seconds."""
+def test_a_received_message_has_a_ttl_deadline_as_soon_as_add_returns(redis_client):
+    """Celery may ack the message (a pool process accepted it) right after the
+    ``task_received`` signal that calls ``add``; from then on only the task's own
+    deadline brings it back if the worker dies, so it must already be short."""
     client = sync_client(config.current())
-    envs = [_stored(client, f"arrival-{i}") for i in range(3)]
-    graced = {env.id: client.zscore(KEYS.expiry, env.id) for env in envs}
-    reservations = Reservations(config.current(), lambda: {env.id for env in envs})
-    for env in envs:
-        reservations.add(env.id, env.fence)
-    # Not registered by add() itself: the deadlines are still the push's grace.
-    assert {env.id: client.zscore(KEYS.expiry, env.id) for env in envs} == graced
-    reservations.start_thread()
-    try:
-        ttl_ms = config.current().heartbeat_ttl_s * 1000
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            scores = [client.zscore(KEYS.expiry, env.id) for env in envs]
-            if all(s < time.time() * 1000 + ttl_ms + 1000 for s in scores):
-                break
-            time.sleep(0.01)
-        else:
-            raise AssertionError(f"arrivals not registered: {scores} (grace {graced})")
-    finally:
-        reservations.stop()
-    assert all(graced[env.id] > s for env, s in zip(envs, scores, strict=True))
-
-
-def test_an_arrival_that_already_started_is_not_covered(redis_client):
-    client = sync_client(config.current())
-    env = _stored(client, "started-before-registration")
-    client.hset(KEYS.task(env.id), "state", "running")  # a pool process was quicker
-    reservations = Reservations(config.current(), lambda: {env.id})
-    reservations.add(env.id, env.fence)
-    reservations.register_arrivals()
-    assert reservations.held() == []
+    env = _stored(client, "covered-on-receipt")
+    graced = client.zscore(KEYS.expiry, env.id)  # the push's queued grace: an hour
+    Reservations(config.current(), lambda: {env.id}).add(env.id, env.fence)
+    ttl_ms = config.current().heartbeat_ttl_s * 1000
+    deadline = client.zscore(KEYS.expiry, env.id)
+    assert deadline < graced
+    assert deadline <= time.time() * 1000 + ttl_ms + 1000
