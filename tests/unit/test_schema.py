@@ -131,3 +131,28 @@ def test_a_push_carries_the_producers_schema_version():
 def test_a_spec_with_migrations_stays_hashable():
     spec = TaskSpec(name="shop.charge", fn=charge_v3, schema=V3)
     assert hash(spec) == hash(dataclasses.replace(spec))
+
+
+def test_fit_judges_each_shape_of_call_alike_cached_or_not():
+    import inspect
+
+    from relier_django.core.schema import Call, Schema, SchemaMismatch
+
+    def task(ctx, a, b=[], *, c):  # noqa: B006  (an unhashable default: not cacheable)
+        return a
+
+    def hashable(a, b=1, *, c):
+        return a
+
+    schema = Schema()
+    for fn in (task, hashable):
+        sig = inspect.signature(fn)
+        if fn is task:
+            sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+        for _ in range(2):  # the second time from the cache, where there is one
+            schema.fit("t", sig, Call((1,), {"c": 3}))
+            schema.fit("t", sig, Call((1, 2), {"c": 3}))
+            with pytest.raises(SchemaMismatch, match="missing a required argument: 'c'"):
+                schema.fit("t", sig, Call((1,), {}))
+            with pytest.raises(SchemaMismatch, match="unexpected keyword argument 'd'"):
+                schema.fit("t", sig, Call((1,), {"c": 3, "d": 4}))
