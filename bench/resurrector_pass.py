@@ -46,6 +46,12 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
+def main_thread_ns(pid: int) -> int:
+    """CPU time of the main thread of ``pid`` so far, in ns: for redis-server, the
+    thread that runs commands and scripts (the others fsync and close AOF files)."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0])
+
+
 def fill(client, keys, n: int) -> list[str]:
     from relier_django.core import idempotency, scripts
     from relier_django.core.envelope import Envelope
@@ -85,15 +91,26 @@ def one_round(server, broker, in_flight: int, expired: int) -> dict[str, float]:
     resurrector.client.ping()  # connect before timing
     with app.producer_or_acquire() as producer:  # warm the broker connection
         producer.connection.ensure_connection()
+    rewrites_before = client.info("persistence")
     calls_before = redis_calls(client)
+    broker_client = broker.client()
+    broker_calls_before = redis_calls(broker_client)
+    main_before = main_thread_ns(server.pid)
     cpu_before, broker_before = cpu_ns(server.pid), cpu_ns(broker.pid)
     report = resurrector.run_pass()
     cpu_after, broker_after = cpu_ns(server.pid), cpu_ns(broker.pid)
+    main_after = main_thread_ns(server.pid)
+    rewrites_after = client.info("persistence")
     stats = {
         k: (n - calls_before.get(k, (0, 0))[0], us - calls_before.get(k, (0, 0))[1])
         for k, (n, us) in redis_calls(client).items()
     }
     stats.pop("info", None)  # the measurement's own
+    broker_calls = {
+        k: n - broker_calls_before.get(k, (0, 0))[0]
+        for k, (n, _) in redis_calls(broker_client).items()
+        if k != "info"
+    }
     calls = {k: n for k, (n, _) in stats.items()}
     scripts_us = sum(us for k, (_, us) in stats.items() if k in ("evalsha", "eval"))
     other_us = sum(us for k, (_, us) in stats.items() if k not in ("evalsha", "eval"))
@@ -104,11 +121,22 @@ def one_round(server, broker, in_flight: int, expired: int) -> dict[str, float]:
     assert client.zcard(keys.expiry) == in_flight  # re-armed, not dropped
     assert broker.client().llen(cfg.recovery_queue) == expired  # every one re-published
     store_ms = (cpu_after - cpu_before) / 1e6
+    # An AOF rewrite of the fill (it passes auto-aof-rewrite-min-size near its end, in
+    # round 1 above all) can overlap the pass: its child is another process and not
+    # counted, but copy-on-write faults in the main thread and the background threads
+    # that fsync and drop the old files are, within store_ms.
+    aof_rewrite = bool(
+        rewrites_before["aof_rewrite_in_progress"]
+        or rewrites_after["aof_rewrite_in_progress"]
+        or rewrites_after["aof_rewrites"] != rewrites_before["aof_rewrites"]
+    )
     broker_ms = (broker_after - broker_before) / 1e6
     return {
         "fill_s": round(fill_s, 1),
         "wall_ms": round(report.seconds * 1000, 1),
         "store_ms": round(store_ms, 2),
+        "store_main_thread_ms": round((main_after - main_before) / 1e6, 2),
+        "aof_rewrite_during_pass": aof_rewrite,
         "broker_ms": round(broker_ms, 2),
         "redis_ms": round(store_ms + broker_ms, 2),
         "commands": sum(calls.values()),
@@ -118,6 +146,7 @@ def one_round(server, broker, in_flight: int, expired: int) -> dict[str, float]:
         "scripts_ms": round(scripts_us / 1000, 2),
         "by_command": {k: c for k, c in sorted(calls.items()) if c},
         "usec_by_command": {k: us for k, (n, us) in sorted(stats.items()) if n},
+        "broker_by_command": {k: c for k, c in sorted(broker_calls.items()) if c},
     }
 
 
@@ -136,7 +165,11 @@ def main() -> dict:
             rounds.append(result)
             print(f"round {n + 1}: pass wall {result['wall_ms']} ms, Redis time "
                   f"{result['redis_ms']} ms (store {result['store_ms']} ms over "
-                  f"{result['commands']} commands, broker {result['broker_ms']} ms)")  # fmt: skip
+                  f"{result['commands']} commands, of which main thread "
+                  f"{result['store_main_thread_ms']} ms and executing commands "
+                  f"{result['store_exec_ms']} ms; broker {result['broker_ms']} ms)"
+                  + (" [an AOF rewrite overlapped the pass]"
+                     if result["aof_rewrite_during_pass"] else ""))  # fmt: skip
     best = min(r["redis_ms"] for r in rounds)
     worst = max(r["redis_ms"] for r in rounds)
     verdict = "met" if worst <= 50 else "MISSED"

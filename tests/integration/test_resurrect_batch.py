@@ -6,10 +6,15 @@ from __future__ import annotations
 import base64
 import json
 
-from relier_django.core import config, idempotency, producer
+import pytest
+import redis
+
+from relier_django.core import config, idempotency, producer, resurrector, scripts
 from relier_django.core.connection import sync_client
+from relier_django.core.fencing import history_tail
 from relier_django.core.keys import KeySpace
 from relier_django.core.resurrector import SCRIPT_BATCH, Resurrector
+from testproject.cluster import RedisServer
 from testproject.demo import tasks
 
 KEYS = KeySpace("rl")
@@ -152,3 +157,164 @@ def test_with_signing_keys_a_resurrection_re_stores_the_envelope_under_the_newes
     assert json.loads(stored)["hmac"]["kid"] == key_id(new)
     # Step 3 retires the old key: the stored copy still verifies.
     assert decode(stored, config.current().replace(signing_keys=(new,)).signer).id == env.id
+
+
+def _lease(client, ids: list[str], lease_ms: int = 30_000) -> list:  # type: ignore[no-untyped-def]
+    return scripts.RESURRECT.run(client, KEYS.for_resurrect(ids), [lease_ms, "direct", *ids])
+
+
+def _history(client, task_id: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [json.loads(e) for e in client.lrange(KEYS.history(task_id), 0, -1)]
+
+
+def test_a_task_whose_step_fails_is_not_leased_and_its_history_untouched(redis_client):
+    """G1: the batch writes its leases in one ZADD at the end; a task answered -1 is not
+    among them, so its deadline stays past and the next pass retries it."""
+    client = sync_client(config.current())
+    ids = _stored(client, 3)
+    client.hset(KEYS.task(ids[1]), "fence", "7.5")  # HINCRBY would refuse it too
+    _expire(client, ids)
+    past = client.zscore(KEYS.expiry, ids[1])
+    history_before = _history(client, ids[1])
+
+    replies = _lease(client, ids)
+
+    assert [int(r[0]) for r in replies] == [1, -1, 1]
+    assert "not an integer" in replies[1][1]
+    assert client.zscore(KEYS.expiry, ids[1]) == past
+    assert client.hmget(KEYS.task(ids[1]), "fence", "state") == ["7.5", "queued"]
+    assert _history(client, ids[1]) == history_before
+    now_ms = client.time()[0] * 1000
+    for task_id in (ids[0], ids[2]):
+        assert client.zscore(KEYS.expiry, task_id) > now_ms
+        assert client.hmget(KEYS.task(task_id), "fence", "state", "worker") == ["2", "queued", ""]
+        assert _history(client, task_id)[-1]["event"] == "expired"
+
+
+def test_a_task_id_given_twice_in_one_batch_is_leased_once(redis_client):
+    """G2: one fence minted per lease, as if each id had its own call."""
+    client = sync_client(config.current())
+    [task_id] = _stored(client, 1)
+    _expire(client, [task_id])
+
+    replies = _lease(client, [task_id, task_id])
+
+    assert [r[:2] for r in replies] == [[1, 2], [0, "alive"]]
+    assert client.hget(KEYS.task(task_id), "fence") == "2"
+    assert [e["event"] for e in _history(client, task_id)].count("expired") == 1
+
+
+def test_a_server_without_zmscore_reads_the_deadlines_one_by_one(tmp_path):
+    """Redis before 6.2 has no ZMSCORE: the same answers, from one ZSCORE per task."""
+    server = RedisServer(tmp_path, extra_args=("--rename-command", "ZMSCORE", "")).start()
+    try:
+        client = server.client(decode_responses=True)
+        ids = _stored(client, 3)
+        _expire(client, ids[:2])
+        client.zadd(KEYS.expiry, {"no-such-task": 0})
+
+        replies = _lease(client, [*ids, "no-such-task"])
+
+        assert [r[:2] for r in replies] == [[1, 2], [1, 2], [0, "alive"], [0, "gone"]]
+        assert "cmdstat_zmscore" not in client.info("commandstats")
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_resurrected_records_each_task_before_a_failing_one_whole(redis_client):
+    """G1: the queued graces are written in one ZADD after the batch, also when a task
+    fails the call: those recorded before it keep their grace, as with a call each."""
+    client = sync_client(config.current())
+    ids = _stored(client, 3)
+    _expire(client, ids)
+    _lease(client, ids)
+    client.hset(KEYS.task(ids[1]), "res", "one")  # HINCRBY would refuse it too
+    leased_until = client.zscore(KEYS.expiry, ids[2])
+    args: list[object] = [1_000]
+    for task_id in ids:
+        args += (task_id, 2, "", history_tail("resurrected", fence=2, scanner="direct"))
+
+    with pytest.raises(redis.exceptions.ResponseError, match="not an integer"):
+        scripts.RESURRECTED.run(client, KEYS.for_resurrected(ids), args)
+
+    seconds, micros = client.time()
+    assert client.hget(KEYS.task(ids[0]), "res") == "1"
+    # The grace (1 s), not the lease (30 s):
+    assert client.zscore(KEYS.expiry, ids[0]) <= seconds * 1000 + micros // 1000 + 1_000
+    assert _history(client, ids[0])[-1]["event"] == "resurrected"
+    for task_id in ids[1:]:  # nothing written for the failing task nor those after it
+        assert _history(client, task_id)[-1]["event"] == "expired"
+    assert client.hget(KEYS.task(ids[1]), "res") == "one"
+    assert client.hget(KEYS.task(ids[2]), "res") == "0"
+    assert client.zscore(KEYS.expiry, ids[2]) == leased_until
+
+
+def test_resurrected_counts_and_re_stores_in_one_write_per_task(redis_client):
+    """The count and (signed) envelope go in one HSET; a moved fence writes nothing."""
+    client = sync_client(config.current())
+    ids = _stored(client, 2)
+    _expire(client, ids)
+    _lease(client, ids)
+    client.hset(KEYS.task(ids[1]), "fence", "3")  # superseded meanwhile
+    args: list[object] = [60_000]
+    for task_id in ids:
+        args += (task_id, 2, '{"new":1}', history_tail("resurrected", fence=2, scanner="d"))
+    before = client.info("commandstats")
+
+    recorded = scripts.RESURRECTED.run(client, KEYS.for_resurrected(ids), args)
+
+    after = client.info("commandstats")
+    assert [int(r) for r in recorded] == [1, 0]
+    assert client.hmget(KEYS.task(ids[0]), "res", "env") == ["1", '{"new":1}']
+    assert client.hget(KEYS.task(ids[1]), "res") == "0"
+    assert after["cmdstat_hset"]["calls"] - before["cmdstat_hset"]["calls"] == 1
+    assert after["cmdstat_zadd"]["calls"] - before["cmdstat_zadd"]["calls"] == 1
+    assert client.zscore(KEYS.expiry, ids[0]) > client.time()[0] * 1000 + 30_000
+
+
+def test_a_window_of_script_batches_is_leased_before_any_of_it_is_published(
+    redis_client, monkeypatch
+):
+    """G1: every task of a window holds its lease (fence 2 minted) before the first
+    publish, and the next window is leased only after this one was published."""
+    monkeypatch.setattr(resurrector, "SCRIPT_BATCH", 2)
+    monkeypatch.setattr(resurrector, "LEASE_AHEAD", 2)
+    client = sync_client(config.current())
+    ids = sorted(_stored(client, 7))  # one score: the index returns them by id
+    _expire(client, ids)
+    leased_at_send: list[set[str]] = []
+
+    class Watching(RecordingApp):
+        def send_task(self, name, args, task_id, **kwargs):  # type: ignore[no-untyped-def]
+            leased_at_send.append({i for i in ids if client.hget(KEYS.task(i), "fence") == "2"})
+            super().send_task(name, args, task_id, **kwargs)
+
+    app = Watching()
+    report = Resurrector(app, config.current(), "window").run_pass()
+
+    assert report.outcomes == {"resurrected": 7}
+    assert leased_at_send[0] == set(ids[:4])
+    assert leased_at_send[4] == set(ids)
+    assert {client.hget(KEYS.task(i), "res") for i in ids} == {"1"}
+
+
+def test_a_batch_whose_recording_fails_stays_covered_by_its_leases(redis_client):
+    """G1: published but not recorded, a task keeps its lease; a later pass brings it
+    back (with a newer fence, so the copy already published is refused as stale)."""
+    client = sync_client(config.current())
+    ids = sorted(_stored(client, 3))
+    client.hset(KEYS.task(ids[1]), "res", "one")  # resurrect.lua reads it as 0
+    _expire(client, ids)
+    app = RecordingApp()
+
+    report = Resurrector(app, config.current(), "record-fails").run_pass()
+
+    assert report.outcomes == {"error": 3}
+    assert sorted(app.sent) == [(i, 2) for i in ids]
+    assert client.hget(KEYS.task(ids[0]), "res") == "1"  # recorded before the failure
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    for task_id in ids[1:]:  # not recorded: leased for resurrect_lease_s (30 s)
+        assert client.hget(KEYS.task(task_id), "fence") == "2"
+        assert now_ms < client.zscore(KEYS.expiry, task_id) <= now_ms + 30_000

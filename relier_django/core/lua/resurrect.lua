@@ -20,15 +20,64 @@
 --   (its claim released, its entry indexed under its task)
 --   {0, 'alive'}   deadline not reached (refreshed, started, or leased by another pass)
 --   {0, 'gone'}    no such task: the index entry was stale and has been removed
---   {-1, error}    this task's step failed (a hash edited by hand, say); the others in
---                  the batch are answered all the same
+--   {-1, error}    this task's step failed (a hash edited by hand, say); nothing of it
+--                  was leased, and the others in the batch are answered all the same
 -- A hash that lost its counters counts as past its limit: it goes to the DLQ whole.
+--
+-- Cost: the work per task is most of a pass, and each redis.call has a fixed cost
+-- beyond its command's, so a task costs three calls (HMGET, a history RPUSH, one HSET
+-- that writes the new fence with the state); the deadlines are read in one ZMSCORE
+-- and the leases written in one ZADD per batch.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = now_ms + tonumber(ARGV[1])
+local first = 3  -- ARGV index of the first task id
 
-local function resurrect(id, hash, history)
-  local deadline = redis.call('ZSCORE', KEYS[1], id)
+-- The history entry around its per-task fields, built once per call.
+local expired_head = '{"at_ms":' .. now_ms .. ',"event":"expired","fence":'
+local expired_tail = ',"scanner":' .. cjson.encode(ARGV[2]) .. '}'
+local json = {}  -- state and worker ids repeat across a batch: encode each once
+local function encoded(s)
+  local e = json[s]
+  if not e then
+    e = cjson.encode(s)
+    json[s] = e
+  end
+  return e
+end
+
+-- Every deadline in one ZMSCORE per slice of ids (unpack's results live on Lua's C
+-- stack, which has a bound). A server older than 6.2 has no ZMSCORE: it is asked one
+-- ZSCORE per task instead.
+local SLICE = 1000
+local deadlines = {}
+for at = first, #ARGV, SLICE do
+  local last = math.min(at + SLICE - 1, #ARGV)
+  local ok, scores = pcall(redis.call, 'ZMSCORE', KEYS[1], unpack(ARGV, at, last))
+  for i = at, last do
+    if ok then
+      deadlines[i] = scores[i - at + 1]
+    else
+      deadlines[i] = redis.call('ZSCORE', KEYS[1], ARGV[i])
+    end
+  end
+end
+
+local leases = {}  -- score, id pairs: the whole batch's leases, written in one ZADD
+local moved = {}   -- id -> its deadline as this call left it (an id given twice)
+
+-- A fence as HINCRBY would accept it, and small enough for Lua's numbers to be exact.
+local function fence_of(raw)
+  if raw == '0' or (#raw <= 15 and raw:find('^%-?[1-9]%d*$')) then
+    return tonumber(raw)
+  end
+  error('fence is not an integer: ' .. raw)
+end
+
+local function resurrect(id, deadline, hash, history)
+  if moved[id] ~= nil then
+    deadline = moved[id] or nil
+  end
   if not deadline or tonumber(deadline) > now_ms then
     return {0, 'alive'}
   end
@@ -36,33 +85,40 @@ local function resurrect(id, hash, history)
     'name', 'queue', 'idem')
   if not f[1] then
     redis.call('ZREM', KEYS[1], id)
+    moved[id] = false
     return {0, 'gone'}
   end
+  local fence = fence_of(f[1])  -- checked before anything is written
   if f[5] ~= 'dying' then
     -- One entry per incarnation that died; a re-leased 'dying' task already has its own.
-    redis.call('RPUSH', history, '{"at_ms":' .. now_ms .. ',"event":"expired","fence":' ..
-      f[1] .. ',"state":' .. cjson.encode(f[5]) .. ',"worker":' .. cjson.encode(f[6] or '') ..
-      ',"scanner":' .. cjson.encode(ARGV[2]) .. '}')
+    redis.call('RPUSH', history, expired_head .. f[1] .. ',"state":' .. encoded(f[5]) ..
+      ',"worker":' .. encoded(f[6] or '') .. expired_tail)
   end
   local res, maxres = tonumber(f[3]) or 0, tonumber(f[4]) or 0
+  local code = 2
   if f[5] == 'dying' or res >= maxres then
     redis.call('HSET', hash, 'state', 'dying')
-    redis.call('ZADD', KEYS[1], lease_until, id)
-    return {2, tonumber(f[1]), f[2], res, f[7] or '', f[8] or '', f[9] or ''}
+  else
+    code, fence = 1, fence + 1
+    redis.call('HSET', hash, 'fence', fence, 'state', 'queued', 'worker', '')
   end
-  local fence = redis.call('HINCRBY', hash, 'fence', 1)
-  redis.call('HSET', hash, 'state', 'queued', 'worker', '')
-  redis.call('ZADD', KEYS[1], lease_until, id)
-  return {1, fence, f[2], res, f[7] or '', f[8] or '', f[9] or ''}
+  -- Only a task whose every step succeeded is leased.
+  leases[#leases + 1] = lease_until
+  leases[#leases + 1] = id
+  moved[id] = lease_until
+  return {code, fence, f[2], res, f[7] or '', f[8] or '', f[9] or ''}
 end
 
 local replies = {}
-for i = 3, #ARGV do
-  local k = 2 * (i - 2)
-  local ok, reply = pcall(resurrect, ARGV[i], KEYS[k], KEYS[k + 1])
+for i = first, #ARGV do
+  local k = 2 * (i - first + 1)
+  local ok, reply = pcall(resurrect, ARGV[i], deadlines[i], KEYS[k], KEYS[k + 1])
   if not ok then  -- a Redis error reply is a table {err = ...}, a Lua error a string
     reply = {-1, type(reply) == 'table' and tostring(reply.err) or tostring(reply)}
   end
   replies[#replies + 1] = reply
+end
+for at = 1, #leases, SLICE do
+  redis.call('ZADD', KEYS[1], unpack(leases, at, math.min(at + SLICE - 1, #leases)))
 end
 return replies
