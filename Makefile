@@ -18,6 +18,7 @@ setup:
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 # The whole suite: unit, integration and chaos markers, after lint.
 test: setup lint
