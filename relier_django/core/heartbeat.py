@@ -38,6 +38,7 @@ class Heartbeats:
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         self._pumping = False  # a refresh task is scheduled or running
+        self._pump: asyncio.Task[None] | None = None  # held: the loop keeps weak refs only
 
     def add(self, task_id: str, fence: int, on_lost: Callable[[], None]) -> None:
         """Cover ``task_id`` at ``fence`` from the next refresh on. Any thread; the
@@ -58,11 +59,19 @@ class Heartbeats:
             self._loop.call_soon_threadsafe(self._start_pump)
 
     def _start_pump(self) -> None:
-        self._loop.create_task(self._run(), name="relier-heartbeats")
+        self._pump = self._loop.create_task(self._run(), name="relier-heartbeats")
 
-    def remove(self, task_id: str) -> None:
+    def remove(self, task_id: str, fence: int) -> None:
+        """Stop covering ``task_id`` at ``fence``; a newer incarnation of the same task
+        that started in this process meanwhile keeps its entry."""
         with self._lock:
-            self._held.pop(task_id, None)
+            self._discard(task_id, fence)
+
+    def _discard(self, task_id: str, fence: int) -> _Held | None:
+        entry = self._held.get(task_id)
+        if entry is None or entry.fence != fence:
+            return None
+        return self._held.pop(task_id)
 
     def held(self) -> list[tuple[str, int]]:
         with self._lock:
@@ -76,9 +85,12 @@ class Heartbeats:
         keys = KeySpace(self.config.key_prefix)
         ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
         lost = await fencing.heartbeat(keys, held, ttl_ms).arun(async_client(self.config))
+        fences = dict(held)
         for task_id in lost:
+            # The fence refreshed, not whatever is held now: a newer incarnation added
+            # while the refresh was in flight is not the one that was lost.
             with self._lock:
-                entry = self._held.pop(task_id, None)
+                entry = self._discard(task_id, fences[task_id])
             if entry is not None:
                 logger.warning(
                     "incarnation superseded task_id=%s fence=%s: cancelling it",

@@ -3,9 +3,9 @@
 ``async def`` tasks run on the process's bridge loop (``run``). Plain ``def`` tasks run
 in the thread Celery calls them from (``run_blocking``): start and commit through the
 process's sync client, the function inline, the heartbeat on the bridge loop; the rare
-outcomes (a refusal of the message, a failure, a retry, the DLQ) cross to the loop and
-share ``run``'s code. The runner never imports the producer: a retry re-publishes
-through ``broker`` directly.
+outcomes (a message that cannot be decoded or is addressed to another task, a failure,
+a retry, the DLQ) cross to the loop and share ``run``'s code. The runner never imports
+the producer: a retry re-publishes through ``broker`` directly.
 
 With signing keys configured, every message is verified on arrival and every envelope
 the runner writes (a retry, a DLQ entry) is signed with the newest key.
@@ -123,15 +123,15 @@ class Runner:
             logger.warning("incarnation gave up: superseded task_id=%s fence=%s", env.id, env.fence)
             return
         except _Unrunnable as exc:
-            beats.remove(env.id)
+            beats.remove(env.id, env.fence)
             bridge.run(self._dead(env, exc.failure))
             return
         except Exception as exc:
-            beats.remove(env.id)  # before the outcome, as in _incarnation
+            beats.remove(env.id, env.fence)  # before the outcome, as in _incarnation
             bridge.run(self._failed(spec, env, exc))
             return
         finally:
-            beats.remove(env.id)
+            beats.remove(env.id, env.fence)
         record = self._record(result)
         if isinstance(record, Failure):
             bridge.run(self._dead(env, record))
@@ -183,7 +183,7 @@ class Runner:
             result = await work
         except asyncio.CancelledError:
             if ctx.hard_timed_out:
-                beats.remove(env.id)
+                beats.remove(env.id, env.fence)
                 await self._dead(env, timeouts.failure(spec, self.worker))
                 return
             if ctx.is_current():
@@ -196,13 +196,13 @@ class Runner:
             logger.warning("incarnation gave up: superseded task_id=%s fence=%s", env.id, env.fence)
             return
         except _Unrunnable as exc:
-            beats.remove(env.id)
+            beats.remove(env.id, env.fence)
             await self._dead(env, exc.failure)
             return
         except Exception as exc:
             # Out of the heartbeat set before the outcome: a retry moves the fence, and
             # that must not read as this incarnation being superseded.
-            beats.remove(env.id)
+            beats.remove(env.id, env.fence)
             if ctx.hard_timed_out:  # it turned the cancellation into an error of its own
                 await self._dead(env, timeouts.failure(spec, self.worker))
                 return
@@ -210,7 +210,7 @@ class Runner:
             return
         finally:
             timers.cancel()
-            beats.remove(env.id)
+            beats.remove(env.id, env.fence)
         if ctx.hard_timed_out:  # it swallowed the cancellation: still past its deadline
             await self._dead(env, timeouts.failure(spec, self.worker))
             return
