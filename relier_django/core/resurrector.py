@@ -88,10 +88,11 @@ SCRIPT_BATCH = 100
 
 # Script batches leased before the first of them is published. The store then serves
 # a window's calls back to back, its caches still warm, instead of one call between
-# each two broker publishes: about 5 ms less Redis CPU per 1,000 tasks (see
-# docs/benchmarks.md). A window of 1,000 tasks is published well within a second,
-# far inside resurrect_lease_s (30 s by default); a lease that ran out first would
-# cost a duplicate dispatch, which the fences make harmless, not a lost task.
+# each two broker publishes: about 4 ms less Redis CPU per 1,000 tasks (see
+# docs/benchmarks.md). A window of 1,000 tasks is published well within a second in
+# one producer batch each 100, far inside resurrect_lease_s (30 s by default); if a
+# batch fails and its tasks go one by one, a slow broker could outlast a lease: that
+# costs a duplicate dispatch, which the fences refuse, never a lost task.
 LEASE_AHEAD = 10
 
 
@@ -187,10 +188,11 @@ class Resurrector:
                 published.append(sent)
         for sent in published:
             try:
-                self._record(sent)
+                recorded = self._record(sent)
             except Exception:
                 # Published but not counted: each lease runs out and a later pass
                 # re-dispatches the task with a newer fence (the older is refused).
+                # The call may have recorded some before failing: all are counted here.
                 logger.exception(
                     "recording %s resurrection(s) failed; those left unrecorded come "
                     "back once their lease runs out",
@@ -198,7 +200,10 @@ class Resurrector:
                 )
                 outcomes["error"] += len(sent)
             else:
-                outcomes["resurrected"] += len(sent)
+                outcomes["resurrected"] += recorded
+                # The fence moved between the lease and the record (a release, say):
+                # published, and refused at start as stale.
+                outcomes["superseded"] += len(sent) - recorded
         return outcomes
 
     def _lease(self, ids: list[str]) -> list[_Leased]:
@@ -284,7 +289,8 @@ class Resurrector:
             )
             return False
 
-    def _record(self, sent: list[tuple[Envelope, str]]) -> None:
+    def _record(self, sent: list[tuple[Envelope, str]]) -> int:
+        """resurrected.lua over ``sent``; returns how many it recorded."""
         grace_ms = int(self.config.queued_grace_s * 1000)
         args: list[scripts.Arg] = [grace_ms]
         # Re-stored only when signed: see resurrected.lua (key rotation).
@@ -305,6 +311,7 @@ class Resurrector:
                 env.resurrections,
                 "" if ok else " (superseded meanwhile)",
             )
+        return sum(recorded)
 
     def _dead_letter_unreadable(self, stored: dlq.StoredTask, raw: str, exc: EnvelopeError) -> str:
         # Nothing can run it again, and leaving it would re-lease it every pass forever:

@@ -318,3 +318,29 @@ def test_a_batch_whose_recording_fails_stays_covered_by_its_leases(redis_client)
     for task_id in ids[1:]:  # not recorded: leased for resurrect_lease_s (30 s)
         assert client.hget(KEYS.task(task_id), "fence") == "2"
         assert now_ms < client.zscore(KEYS.expiry, task_id) <= now_ms + 30_000
+
+
+class MovingApp(RecordingApp):
+    """Publishes, and meanwhile a release (say) moves one task's fence on."""
+
+    def __init__(self, client, moved: str) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.client, self.moved = client, moved
+
+    def send_task(self, name, args, task_id, **kwargs):  # type: ignore[no-untyped-def]
+        super().send_task(name, args, task_id, **kwargs)
+        if task_id == self.moved:
+            self.client.hincrby(KEYS.task(task_id), "fence", 1)
+
+
+def test_a_task_whose_fence_moved_before_the_record_is_counted_superseded(redis_client):
+    client = sync_client(config.current())
+    ids = _stored(client, 3)
+    _expire(client, ids)
+    app = MovingApp(client, ids[1])
+
+    report = Resurrector(app, config.current(), "moving").run_pass()
+
+    assert report.outcomes == {"resurrected": 2, "superseded": 1}
+    assert client.hget(KEYS.task(ids[1]), "res") == "0"  # not counted as resurrected
+    assert client.hget(KEYS.task(ids[0]), "res") == "1"
