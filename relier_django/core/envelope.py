@@ -113,10 +113,11 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
 def _as_sent(raw: object, claimed: object, signature: object) -> bytes | None:
     """What ``encode`` hashed, cut back out of the message it wrote: the message
     without its checksum (and signature) member. Saves re-encoding the body on every
-    delivery. Safe, because the result is trusted only when it hashes to the claimed
-    checksum, that is, when it is exactly the canonical body the producer hashed; a
-    message altered in any way, or not written by ``encode``, fails that and is
-    checked the slow way."""
+    delivery. Trusted only when it hashes to the claimed checksum, so a message
+    altered after its checksum was computed fails it and is checked the slow way
+    (re-encoded). The one difference from the slow way: a producer that hashed its own
+    non-canonical text (unsorted or duplicate keys) passes here; an unsigned checksum
+    never proved who wrote a message, and a signed one covers exactly these bytes."""
     text = raw.decode(errors="replace") if isinstance(raw, bytes | bytearray) else raw
     if not isinstance(text, str) or not isinstance(claimed, str):
         return None
@@ -126,6 +127,12 @@ def _as_sent(raw: object, claimed: object, signature: object) -> bytes | None:
             return None
         out = out.replace(f',"{_SIGNATURE}":"{signature}"', "", 1)
     return out.encode()
+
+
+def _no_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON: an envelope holding one could never be re-encoded
+    # (retry, resurrection, DLQ), so it is refused on arrival.
+    raise ValueError(f"{name} is not valid JSON")
 
 
 def _parse(raw: object) -> dict[str, Any]:
@@ -138,7 +145,7 @@ def _parse(raw: object) -> dict[str, Any]:
             ) from exc
     if isinstance(raw, str):
         try:
-            body = json.loads(raw)
+            body = json.loads(raw, parse_constant=_no_constant)
         except ValueError as exc:
             raise EnvelopeError(
                 f"message is not JSON: {exc}", raw=raw, reason="malformed_message"

@@ -274,3 +274,11 @@ def test_signing_keys_come_from_the_environment_comma_separated(settings, monkey
     finally:
         monkeypatch.delenv("RELIER_SIGNING_KEYS")
         conf.get_config.cache_clear()
+
+
+def test_nan_in_a_message_is_malformed_not_a_crash_later():
+    body = json.loads(ENV.encode())
+    body["args"] = [float("nan")]
+    with pytest.raises(EnvelopeError) as err:
+        decode(json.dumps(body))  # parsing refuses it, whatever the checksum
+    assert err.value.reason == "malformed_message"
