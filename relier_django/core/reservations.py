@@ -97,8 +97,7 @@ class Reservations:
         process accepts it. Registered here, the task has a TTL deadline before the
         broker forgets the message; registered later (batched in the reservation
         thread, as once tried), a worker killed between the ack and ``start.lua``
-        left the task covered only by its hour-long queued grace: the chaos suite's
-        worker-kill scenario caught that."""
+        would leave the task covered only by its hour-long queued grace."""
         with self._lock:
             # A broker redelivery of an older incarnation must not replace the current
             # one's entry (its refresh would fail and drop the current one's coverage).
