@@ -72,15 +72,21 @@ def test_script_flush_in_the_middle_of_a_workload(worker, redis_client):
     assert [r["label"] for r in results] == [f"flush-{i}" for i in range(20)]
 
 
+def _superseded_once_running(client, receipt):  # type: ignore[no-untyped-def]
+    """Wait until ``receipt``'s task runs, then move its fence on: what a resurrection
+    elsewhere does to the running incarnation."""
+    task_key = KEYS.task(receipt.task_id)
+    wait_until(lambda: client.hget(task_key, "state") == "running", 30, what="the task to start")
+    client.hincrby(task_key, "fence", 1)  # a newer incarnation now owns the task
+    return receipt
+
+
 def test_a_running_async_incarnation_is_cancelled_when_its_fence_moves(
     worker_factory, redis_client
 ):
     worker = worker_factory(extra_env={"RELIER_HEARTBEAT_TTL_S": "1.5"})
     client = sync_client(config.current())
-    receipt = tasks.record.push("superseded", 6)
-    task_key = KEYS.task(receipt.task_id)
-    wait_until(lambda: client.hget(task_key, "state") == "running", 30, what="the task to start")
-    client.hincrby(task_key, "fence", 1)  # a newer incarnation now owns the task
+    receipt = _superseded_once_running(client, tasks.record.push("superseded", 6))
 
     line = f"incarnation cancelled: superseded task_id={receipt.task_id} fence=1"
     wait_until(lambda: line in worker.log_text(), 10, what="zombie self-detection")
@@ -124,10 +130,7 @@ def test_a_running_def_incarnation_learns_it_was_superseded_and_cannot_commit(
     (``ctx.is_current()``), and its commit is refused (G2)."""
     worker = worker_factory(extra_env={"RELIER_HEARTBEAT_TTL_S": "1.5"})
     client = sync_client(config.current())
-    receipt = tasks.watch_fence.push("def-superseded", 20)
-    task_key = KEYS.task(receipt.task_id)
-    wait_until(lambda: client.hget(task_key, "state") == "running", 30, what="the task to start")
-    client.hincrby(task_key, "fence", 1)  # a newer incarnation now owns the task
+    receipt = _superseded_once_running(client, tasks.watch_fence.push("def-superseded", 20))
 
     wait_until(lambda: client.llen("demo:watch:def-superseded"), 15, what="self-detection")
     assert client.lrange("demo:watch:def-superseded", 0, -1) == ["superseded:MainThread"]
