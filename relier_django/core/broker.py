@@ -28,12 +28,27 @@ def send(
     app.send_task(
         env.task,
         args=[encoded if encoded is not None else env.encode()],
-        task_id=env.id,
         queue=queue or env.queue or None,
-        serializer="json",
         countdown=countdown_s or None,
-        ignore_result=True,
+        **_options(env),
     )
+
+
+def _options(env: Envelope) -> dict[str, Any]:
+    # Celery's own argsrepr would be repr(args): the whole envelope a second time in
+    # every message. Monitoring (Flower, events) shows the task's arguments instead,
+    # cut where Celery cuts its own (argsrepr_maxsize).
+    return {
+        "task_id": env.id,
+        "serializer": "json",
+        "ignore_result": True,
+        "argsrepr": _clip(repr(list(env.args))),
+        "kwargsrepr": _clip(repr(dict(env.kwargs))),
+    }
+
+
+def _clip(text: str, limit: int = 1024) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def send_batch(app: Any, items: Sequence[tuple[Envelope, str]], queue: str) -> bool:
@@ -54,9 +69,8 @@ def send_batch(app: Any, items: Sequence[tuple[Envelope, str]], queue: str) -> b
         with batch(max_size=len(items)):
             for env, encoded in items:
                 app.send_task(
-                    env.task, args=[encoded], task_id=env.id, queue=queue,
-                    serializer="json", ignore_result=True, producer=producer,
-                )  # fmt: skip
+                    env.task, args=[encoded], queue=queue, producer=producer, **_options(env)
+                )
     return True
 
 

@@ -58,6 +58,22 @@ def test_celery_delay_and_apply_async_refuse_and_name_push():
         tasks.record.apply_async(("x",))
 
 
+def test_the_published_message_shows_the_arguments_not_the_envelope_twice(redis_client):
+    import base64
+
+    receipt = tasks.record.push("shown", sleep_s=0.5)
+    (raw,) = redis_client.lrange("celery", 0, -1)
+    message = json.loads(raw)
+    headers = message["headers"]
+    # Monitoring (Flower, events) reads these: the task's own arguments, as Celery
+    # would show a plain task's, not the envelope that carries them.
+    assert headers["argsrepr"] == "['shown']"
+    assert headers["kwargsrepr"] == "{'sleep_s': 0.5}"
+    assert headers["id"] == receipt.task_id
+    (envelope,), _, _ = json.loads(base64.b64decode(message["body"]))
+    assert json.loads(envelope)["args"] == ["shown"]  # the envelope travels once, in the body
+
+
 def test_retry_on_runs_new_incarnations_with_growing_fences(worker, redis_client):
     result = tasks.flaky.push("f1", 2).get(timeout=30)
     assert result == {"runs": 3, "attempt": 3, "fence": 3}
