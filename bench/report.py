@@ -40,19 +40,22 @@ def delivery(lines: list[str]) -> None:
         return
     lines += ["## Delivery under kills", _machine(data), ""]
     lines += ["| run | delivered % | lost | executed 2x | committed 2x | recovery p50 s | "
-              "recovery p99 s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+              "recovery p99 s | re-dispatch p50 s | re-dispatch p99 s |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for key, r in data["results"].items():
         cells = (key, r["delivered_pct"], r["lost"], r["executed_twice"], r["committed_twice"],
-                 r["recovery_p50_s"], r["recovery_p99_s"])  # fmt: skip
+                 r["recovery_p50_s"], r["recovery_p99_s"], r.get("redispatch_p50_s") or "—",
+                 r.get("redispatch_p99_s") or "—")  # fmt: skip
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     relier = [r for k, r in data["results"].items() if k.startswith("relier/")]
     target = data["target_recovery_p99_s"]
-    ok = all(
-        r["lost"] == 0 and r["committed_twice"] == 0 and (r["recovery_p99_s"] or 0) <= target
-        for r in relier
-    )
-    lines += ["", f"Target: relier 100.0 % delivered, 0 committed twice, recovery p99 <= "
-              f"{target:g} s (TTL + scan interval + 1 s): {_verdict(ok)}.", ""]  # fmt: skip
+    safe = all(r["lost"] == 0 and r["committed_twice"] == 0 for r in relier)
+    running = all((r["recovery_p99_s"] or 0) <= target for r in relier)
+    sent = all((r.get("redispatch_p99_s") or 0) <= target for r in relier)
+    lines += ["", f"Targets for relier: 100.0 % delivered and 0 committed twice: {_verdict(safe)}; "
+              f"recovery p99 <= {target:g} s (TTL + scan interval + 1 s), from the kill to the "
+              f"task running again (queueing included): {_verdict(running)}; from the kill "
+              f"to its re-dispatch (what the bound covers): {_verdict(sent)}.", ""]  # fmt: skip
     if _histogram(data):
         lines += [f"![recovery latency]({HISTOGRAM})", ""]
 

@@ -142,7 +142,8 @@ def self_destruct(ctx: TaskContext, label: str) -> None:
 
 
 def _mark_start(label: str, fence: int) -> None:
-    _redis().rpush(f"demo:start:{label}", f"{fence}:{time.time()}")
+    # The process too: a benchmark tells which kill interrupted which run.
+    _redis().rpush(f"demo:start:{label}", f"{fence}:{time.time()}:{os.getpid()}")
 
 
 @shared_task(name="demo.plain_work")
