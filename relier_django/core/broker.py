@@ -74,6 +74,109 @@ def send_batch(app: Any, items: Sequence[tuple[Envelope, str]], queue: str) -> b
     return True
 
 
+def message_for_store(app: Any, env: Envelope, encoded: str, store: Any) -> tuple[str, str] | None:
+    """The broker's list and the message for it, exactly as kombu's Redis transport
+    would ``LPUSH`` them, when the broker is that transport on the store's own server
+    and database: push.lua then stores and queues the task in one step. Sends nothing.
+
+    None when that does not apply (another transport or server, Sentinel, a unix
+    socket, a kombu without batch publishing, a route kombu would not end in one
+    ``LPUSH``): the caller publishes with :func:`send`. ``store`` is the store's redis
+    client (sync or asyncio).
+
+    The message is built by Celery and kombu themselves: ``send_task`` runs as for any
+    publish, with its retry policy and its ``before_task_publish`` and
+    ``after_task_publish`` signals, and kombu's batch-publish hook (kombu >= 5.7)
+    catches the final command instead of running it."""
+    acquire = getattr(app, "producer_or_acquire", None)
+    if acquire is None:  # not a Celery app: nothing to build the message with
+        return None
+    with acquire() as producer:
+        batch_state = getattr(producer, "_batch_local", None)
+        if batch_state is None or not _same_address(producer.connection, store):
+            return None
+        capture = _Capture(store)
+        batch_state.current = capture
+        try:
+            app.send_task(
+                env.task, args=[encoded], queue=env.queue or None, producer=producer,
+                **_options(env),
+            )  # fmt: skip
+        finally:
+            del batch_state.current
+    if capture.channel_prefix is None:
+        return None
+    if len(capture.commands) != 1 or capture.commands[0][0] != "lpush":
+        return None  # e.g. an expiring queue (PEXPIRE too) or a fanout route
+    queue_list, payload = capture.commands[0][1]
+    # kombu's global_keyprefix is applied by its client when it runs the command.
+    return capture.channel_prefix + str(queue_list), str(payload)
+
+
+class _Capture:
+    """Takes the place of kombu's Redis publish batch (kombu >= 5.7) for one publish:
+    it records the commands the transport hands over instead of running them."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.commands: list[tuple[str, tuple[Any, ...]]] = []
+        self.channel_prefix: str | None = None  # set once the channel is checked
+
+    def publish(self, channel: Any, message: Any, **kwargs: Any) -> None:
+        # Called by kombu inside Celery's publish retry, once the channel exists.
+        if not _colocated(channel, self.store):
+            return  # nothing recorded: the caller publishes the usual way
+        self.channel_prefix = getattr(channel, "global_keyprefix", "") or ""
+        channel.basic_publish(message, _publish_batch=self, **kwargs)
+
+    def add(self, name: str, *args: Any) -> None:
+        self.commands.append((name, args))
+
+
+_DEFAULTS = {"host": "localhost", "port": 6379, "path": None, "db": 0, "username": None}
+
+
+def _same_address(connection: Any, store: Any) -> bool:
+    """A first check, from the broker URL alone (no connection is made): kombu's plain
+    Redis transport at the store's host, port, database and user."""
+    from kombu.transport.redis import Transport
+
+    if type(connection.transport) is not Transport:  # Sentinel and others: elsewhere
+        return False
+    ours = store.connection_pool.connection_kwargs
+    if ours.get("path") or not ours.get("host"):  # a unix socket, a Sentinel pool
+        return False
+    vhost = str(connection.virtual_host or "").strip("/")
+    theirs = {
+        "host": connection.hostname or "localhost",
+        "port": connection.port or 6379,
+        "db": int(vhost) if vhost.isdigit() else 0,
+        "username": connection.userid or None,
+    }
+    return all(theirs[f] == ours.get(f, _DEFAULTS[f]) for f in theirs)
+
+
+def _colocated(channel: Any, store: Any) -> bool:
+    """The exact check, on the channel kombu publishes through: its connection
+    parameters are the store's."""
+    from kombu.transport.redis import Channel
+
+    if type(channel) is not Channel:
+        return False
+    theirs = channel.pool.connection_kwargs
+    ours = store.connection_pool.connection_kwargs
+    return all(theirs.get(f, d) == ours.get(f, d) for f, d in _DEFAULTS.items())
+
+
+async def amessage_for_store(
+    app: Any, env: Envelope, encoded: str, store: Any
+) -> tuple[str, str] | None:
+    """:func:`message_for_store` for async code: off the loop, since taking a producer
+    may connect to the broker."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_publisher(), message_for_store, app, env, encoded, store)
+
+
 def _publisher() -> ThreadPoolExecutor:
     # kombu's publish is blocking. One long-lived pool per process (not the loop's
     # default executor, which each new loop would recreate, threads and all).

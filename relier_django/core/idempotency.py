@@ -56,14 +56,17 @@ def store(
     queued_grace_ms: int,
     max_resurrections: int,
     admission: Sequence[Limit] = (),
+    message: tuple[str, str] | None = None,
 ) -> scripts.ScriptCall[StoreResult]:
-    """push.lua: admit (if limited), claim (if idempotent), store, mint fence 1."""
+    """push.lua: admit (if limited), claim (if idempotent), store, mint fence 1; with
+    ``message`` (the broker's list and the message for it), queue it in the same step."""
     idem = keys.idempotency(envelope.task, envelope.idem_key) if envelope.idem_key else None
+    queue_list, payload = message if message is not None else (None, "")
     return scripts.ScriptCall(
         scripts.PUSH,
-        keys.for_push(envelope.id, idem, [limit.key for limit in admission]),
+        keys.for_push(envelope.id, idem, [limit.key for limit in admission], queue_list),
         [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms, max_resurrections,
-         *admission_args(admission)],
+         *admission_args(admission), payload],
         _parse_store,
     )  # fmt: skip
 

@@ -118,11 +118,19 @@ class KeySpace:
 
     # -- KEYS for each script, in the order of its header -------------------------
     def for_push(
-        self, task_id: str, idem_key: str | None, admission: Sequence[str] = ()
+        self,
+        task_id: str,
+        idem_key: str | None,
+        admission: Sequence[str] = (),
+        queue_list: str | None = None,
     ) -> list[str]:
+        """``queue_list``: the broker's list (kombu's name, not ours) when push.lua queues
+        the message itself."""
         keys = [self.task(task_id), self.history(task_id), self.expiry, self.dlq_entry(task_id),
                 self.result(task_id), *admission]  # fmt: skip
-        return [*keys, idem_key] if idem_key else keys
+        if idem_key:
+            keys.append(idem_key)
+        return [*keys, queue_list] if queue_list else keys
 
     def for_abort(self, task_id: str, idem_key: str | None) -> list[str]:
         keys = [self.task(task_id), self.history(task_id), self.expiry]

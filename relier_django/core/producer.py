@@ -1,8 +1,10 @@
 """The push pipeline: validate arguments, build the envelope, store it (and claim the
-idempotency key) in one script, then hand it to the broker.
+idempotency key) in one script, and queue it: in that same script when the broker is
+kombu's Redis transport on the store's server and database, else by a publish after.
 
 ``push`` is for sync code, ``apush`` for async code; both share ``prepare`` and make
-the same calls: one Redis round trip (push.lua) plus the broker publish.
+the same calls: one Redis round trip (push.lua), plus the broker publish if the
+broker is elsewhere.
 
 Inside a database transaction a push is validated at once, but stored and sent only
 when the transaction commits (``aftercommit.deliver``), so a rollback leaves nothing
@@ -103,12 +105,12 @@ class _Push:
         env = prepare(spec, args, kwargs, task_id)
         return cls(cfg, spec, env, env.encode(cfg.signer), KeySpace(cfg.key_prefix))
 
-    def store(self) -> ScriptCall[idempotency.StoreResult]:
+    def store(self, message: tuple[str, str] | None) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
         limit = self.spec.max_resurrections
         limit = self.cfg.max_resurrections if limit is None else limit
         gates = admission.limits(self.keys, self.cfg, self.spec.name, self.spec.rate_limit)
-        return idempotency.store(self.keys, self.env, self.encoded, grace_ms, limit, gates)
+        return idempotency.store(self.keys, self.env, self.encoded, grace_ms, limit, gates, message)
 
     def duplicate(self, stored: idempotency.StoreResult) -> Receipt | None:
         """The receipt of an idempotent duplicate, or None when this push was stored."""
@@ -141,31 +143,37 @@ class _Push:
         return Receipt(self.env.id, deduplicated=False, config=self.cfg)
 
     def send_now(self, app: Any, client: Any) -> Receipt:
-        """Store (push.lua), then publish; undo the store if the publish fails.
+        """Store and queue in one step (push.lua), when the broker is kombu's Redis
+        transport on the store's server and database; otherwise store, then publish,
+        and undo the store if the publish fails.
 
         Raises:
             AdmissionRejected, DuplicateTaskId: push.lua refused it; nothing stored.
             Redis or broker errors: nothing remains (unless the undo failed too: then
                 the stored copy is re-dispatched after ``QUEUED_GRACE_S``).
         """
-        if (dup := self.duplicate(self.store().run(client))) is not None:
+        message = broker.message_for_store(app, self.env, self.encoded, client)
+        if (dup := self.duplicate(self.store(message).run(client))) is not None:
             return dup
-        try:
-            broker.send(app, self.env, self.encoded)
-        except BaseException:
-            idempotency.abort(self.keys, self.env).run(client)
-            raise
+        if message is None:
+            try:
+                broker.send(app, self.env, self.encoded)
+            except BaseException:
+                idempotency.abort(self.keys, self.env).run(client)
+                raise
         return self.receipt()
 
     async def asend_now(self, app: Any, client: Any) -> Receipt:
         """:meth:`send_now` for async code."""
-        if (dup := self.duplicate(await self.store().arun(client))) is not None:
+        message = await broker.amessage_for_store(app, self.env, self.encoded, client)
+        if (dup := self.duplicate(await self.store(message).arun(client))) is not None:
             return dup
-        try:
-            await broker.asend(app, self.env, self.encoded)
-        except BaseException:
-            await idempotency.abort(self.keys, self.env).arun(client)
-            raise
+        if message is None:
+            try:
+                await broker.asend(app, self.env, self.encoded)
+            except BaseException:
+                await idempotency.abort(self.keys, self.env).arun(client)
+                raise
         return self.receipt()
 
     def defer(self, app: Any, using: str | None) -> Receipt | None:

@@ -9,6 +9,7 @@
 -- KEYS[5]  outcome (result) key <p>:r:{id}
 -- KEYS[6..5+n]  admission counters (n = ARGV[7]; global, per task), see _admission.lua
 -- KEYS[6+n]     idempotency key <p>:i:<task>:<sha256>   (only for idempotent tasks)
+-- KEYS[#KEYS]   the broker's queue list (only with ARGV[8+2n]; kombu's Redis transport)
 -- ARGV[1]  task id
 -- ARGV[2]  envelope, canonical JSON, fence 1
 -- ARGV[3]  task name
@@ -18,6 +19,10 @@
 -- ARGV[6]  max resurrections for this task
 -- ARGV[7]  n, the number of admission counters (0: admission control is off)
 -- ARGV[8+2i], ARGV[9+2i]  limit and window (ms) of admission counter i (0-based)
+-- ARGV[8+2n]  optional: the broker message, as kombu's Redis transport would LPUSH it.
+--             Given, the task is stored and queued in this one step (G1 with no
+--             window between the two: a producer that dies mid-push leaves neither);
+--             the caller does not publish. Absent or '': the caller publishes after.
 -- RETURNS  {1, id}        stored, fence 1 minted
 --          {0, other_id}  idempotent duplicate: other_id holds the claim
 --          {-1, id}       a task with this id already exists (caller-chosen id reused)
@@ -29,9 +34,21 @@
 --          {-3, wait_ms}  refused by admission control: nothing stored, nothing
 --                         counted; retry after wait_ms. Duplicates are not counted.
 -- Re-running the same call (a client retry after a lost reply) returns {1, id} again,
--- without counting it twice.
+-- without counting or queueing it twice.
 -- @include _admission
 local id = ARGV[1]
+local n = tonumber(ARGV[7] or '0')
+local message = ARGV[8 + 2 * n]
+local last = #KEYS
+local queue_list
+if message and message ~= '' then
+  queue_list = KEYS[last]
+  last = last - 1
+end
+local idem
+if last >= 6 + n then
+  idem = KEYS[6 + n]
+end
 local existing = redis.call('HGET', KEYS[1], 'env')
 if existing then
   if existing == ARGV[2] then
@@ -45,8 +62,6 @@ end
 if redis.call('EXISTS', KEYS[5]) == 1 then
   return {-4, id}
 end
-local n = tonumber(ARGV[7] or '0')
-local idem = KEYS[6 + n]
 if idem then
   local holder = redis.call('GET', idem)
   if holder then
@@ -71,4 +86,7 @@ redis.call('HSET', KEYS[1],
   'name', ARGV[3], 'queue', ARGV[4], 'idem', idem or '', 'created_ms', now_ms,
   'maxres', ARGV[6])
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[5]), id)
+if queue_list then
+  redis.call('LPUSH', queue_list, message)
+end
 return {1, id}

@@ -1,0 +1,85 @@
+"""push.lua stores and queues a task in one step when the broker is kombu's Redis
+transport on the store's own server and database (the test suite's setup)."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+
+from relier_django.core import broker, config, idempotency, producer
+from relier_django.core.connection import sync_client
+from relier_django.core.keys import KeySpace
+from testproject.celery import app
+from testproject.cluster import process_pointed_at
+from testproject.demo import tasks
+
+KEYS = KeySpace("rl")
+
+
+def test_push_queues_the_message_in_the_script_that_stores_it(redis_client, monkeypatch):
+    monkeypatch.setattr(broker, "send", _no_publish)
+    receipt = tasks.record.push("one-step")
+    (raw,) = redis_client.lrange("celery", 0, -1)
+    message = json.loads(raw)
+    # The message Celery and kombu built, as kombu would have pushed it.
+    assert message["headers"]["id"] == receipt.task_id
+    assert message["headers"]["task"] == "demo.record"
+    assert message["properties"]["delivery_info"]["routing_key"] == "celery"
+    assert redis_client.hget(KEYS.task(receipt.task_id), "state") == b"queued"
+
+
+def test_a_queued_push_runs_on_a_worker(worker, redis_client):
+    assert tasks.record.push("one-step-runs").get(timeout=30)["runs"] == 1
+
+
+def test_a_replayed_call_queues_the_message_once(redis_client):
+    """A client retry after a lost reply re-runs push.lua: stored once, queued once."""
+    client = sync_client(config.current())
+    env = producer.prepare(tasks.record.relier_spec, ("replayed",), {})
+    encoded = env.encode()
+    message = broker.message_for_store(app, env, encoded, client)
+    assert message is not None
+    call = idempotency.store(KEYS, env, encoded, 60_000, 3, message=message)
+    assert call.run(client) == call.run(client) == idempotency.StoreResult(True, env.id)
+    assert redis_client.llen("celery") == 1
+
+
+def test_an_idempotent_duplicate_queues_nothing(redis_client):
+    first = tasks.charge.push("o-queued", 1)
+    again = tasks.charge.push("o-queued", 1)
+    assert again.deduplicated and again.task_id == first.task_id
+    assert redis_client.llen("celery") == 1
+
+
+def test_a_broker_on_another_database_is_published_to_after_the_store(redis_server, redis_client):
+    other_db = redis_server.url.rsplit("/", 1)[0] + "/5"
+    with process_pointed_at({"CELERY_BROKER_URL": other_db}):
+        client = sync_client(config.current())
+        env = producer.prepare(tasks.record.relier_spec, ("elsewhere",), {})
+        # Not the store's database: push.lua cannot reach the broker's list.
+        assert broker.message_for_store(app, env, env.encode(), client) is None
+        receipt = tasks.record.push("elsewhere")
+    broker_db = redis.Redis.from_url(other_db)
+    try:
+        (raw,) = broker_db.lrange("celery", 0, -1)
+        assert json.loads(raw)["headers"]["id"] == receipt.task_id
+        assert redis_client.llen("celery") == 0
+        assert redis_client.exists(KEYS.task(receipt.task_id))
+    finally:
+        broker_db.flushdb()
+        broker_db.close()
+
+
+def test_kombus_global_keyprefix_is_applied_to_the_queue_list(redis_client, monkeypatch):
+    monkeypatch.setattr(broker, "send", _no_publish)
+    options = {**app.conf.broker_transport_options, "global_keyprefix": "tenant-a:"}
+    with process_pointed_at({}, broker_transport_options=options):
+        receipt = tasks.record.push("prefixed")
+    assert redis_client.llen("celery") == 0
+    (raw,) = redis_client.lrange("tenant-a:celery", 0, -1)  # where kombu's consumer reads
+    assert json.loads(raw)["headers"]["id"] == receipt.task_id
+
+
+def _no_publish(*args, **kwargs):
+    raise AssertionError("push published on its own: push.lua should have queued it")
