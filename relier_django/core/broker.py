@@ -87,7 +87,9 @@ def message_for_store(app: Any, env: Envelope, encoded: str, store: Any) -> tupl
     The message is built by Celery and kombu themselves: ``send_task`` runs as for any
     publish, with its retry policy and its ``before_task_publish`` and
     ``after_task_publish`` signals, and kombu's batch-publish hook (kombu >= 5.7)
-    catches the final command instead of running it."""
+    catches the final command instead of running it. So those signals fire before
+    push.lua runs, also for a push it then refuses (an idempotent duplicate, admission
+    control, a reused id), whose message is never queued."""
     acquire = getattr(app, "producer_or_acquire", None)
     if acquire is None:  # not a Celery app: nothing to build the message with
         return None
