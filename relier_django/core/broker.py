@@ -127,7 +127,10 @@ class _Capture:
     def publish(self, channel: Any, message: Any, **kwargs: Any) -> None:
         # Called by kombu inside Celery's publish retry, once the channel exists.
         if not _colocated(channel, self.store):
-            return  # nothing recorded: the caller publishes the usual way
+            # Nothing recorded: the caller publishes the usual way, so this one push
+            # builds its message twice (and Celery's publish signals fire twice). Only
+            # when the URL looked like the store's and the connection is not.
+            return
         self.channel_prefix = getattr(channel, "global_keyprefix", "") or ""
         channel.basic_publish(message, _publish_batch=self, **kwargs)
 
