@@ -10,6 +10,10 @@
   without waiting for a heartbeat TTL.
 - ``task_received``: each prefetched/reserved message is covered by a heartbeat from
   the main process until a pool process accepts it (see ``reservations``).
+- ``task_failure`` with ``WorkerLostError`` (a pool process died: SIGKILL, the OOM
+  killer, a crash in C code): the main process hands the task it was running off at
+  once (``handoff.lua``), so it is resurrected at the next scan instead of after a
+  heartbeat TTL.
 - ``task_unknown``: an envelope for a task this worker does not know (a rolling
   deploy, a typo in a route) is dead-lettered with reason ``unknown_task`` instead of
   being discarded by Celery.
@@ -153,6 +157,46 @@ def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None
     _reservations.add(request.id, fence)
 
 
+def _on_task_failure(
+    sender: Any = None, task_id: str = "", exception: Any = None, args: Any = None, **_: Any
+) -> None:
+    """A pool process died under one of our tasks: hand it off now.
+
+    Celery's main process learns of the death at once (``WorkerLostError``), which the
+    heartbeat would only show after its TTL. The task may have died running
+    (``start.lua`` done) or between Celery's acceptance and ``start.lua``: both states
+    are offered, and ``handoff.lua`` acts only on the one this fence holds, so a task
+    that committed, or that another incarnation already superseded, is left alone."""
+    from billiard.exceptions import WorkerLostError
+
+    if not isinstance(exception, WorkerLostError):
+        return
+    fence = fence_of(args)
+    if fence is None:
+        return  # not an @rl_task envelope
+    cfg = config.current()
+    keys, held = KeySpace(cfg.key_prefix), [(task_id, fence)]
+    try:
+        client = sync_client(cfg)
+        handed = fencing.handoff(keys, held, state="running").run(client) or fencing.handoff(
+            keys, held, state="queued"
+        ).run(client)
+    except Exception:
+        logger.error(
+            "pool process died running task_id=%s; hand-off failed, it expires in one TTL",
+            task_id,
+            exc_info=True,
+        )
+        return
+    if handed:
+        logger.warning(
+            "pool process died running task_id=%s fence=%s: handed off to resurrection (%s)",
+            task_id,
+            fence,
+            exception,
+        )
+
+
 def _on_task_unknown(sender: Any = None, message: Any = None, name: str = "", **_: Any) -> None:
     try:
         body = message.decode() if message is not None else None
@@ -183,4 +227,5 @@ def connect() -> None:
         _on_worker_shutting_down, dispatch_uid=uid + "shutting_down", weak=False
     )
     signals.task_received.connect(_on_task_received, dispatch_uid=uid + "task_received", weak=False)
+    signals.task_failure.connect(_on_task_failure, dispatch_uid=uid + "task_failure", weak=False)
     signals.task_unknown.connect(_on_task_unknown, dispatch_uid=uid + "task_unknown", weak=False)

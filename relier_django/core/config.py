@@ -46,7 +46,9 @@ class Config:
     resurrect_lease_s: float = 30.0  # a pass's hold on a task while it re-dispatches it
     recovery_max_depth: int = 10_000  # defer (and log) while the recovery queue is deeper
     max_concurrent_sends: int = 16  # broker publishes in flight per pass
-    leader_lease_s: float = 10.0  # a crashed scanner leader is replaced within this
+    # The scanner leader's lease; None: three scan intervals. The leader extends it at
+    # every pass, and a leader that died is replaced once it runs out.
+    leader_lease_s: float | None = None
     embedded_resurrector: bool = True  # every worker runs a scanner (one leads at a time)
     # On SIGTERM (warm shutdown), running tasks get this long to finish in place; the
     # rest are handed off to resurrection at once. Reserved tasks are handed off at once.
@@ -92,7 +94,8 @@ class Config:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
         for name in ("scan_interval_s", "resurrect_lease_s", "leader_lease_s"):
-            if getattr(self, name) <= 0:
+            value = getattr(self, name)
+            if value is not None and value <= 0:  # leader_lease_s may be None (derived)
                 raise ConfigError(f"{name} must be > 0")
         if self.drain_timeout_s < 0:
             raise ConfigError("drain_timeout_s must be >= 0")
@@ -176,6 +179,12 @@ class Config:
     def heartbeat_every_s(self) -> float:
         """The refresh period actually used: explicit, or a third of the TTL."""
         return self.heartbeat_interval_s or self.heartbeat_ttl_s / 3
+
+    @property
+    def leader_lease_ttl_s(self) -> float:
+        """The leader lease actually used: explicit, or three scan intervals, so a
+        leader may miss two passes (a slow broker, a pause) before another takes over."""
+        return self.leader_lease_s or 3 * self.scan_interval_s
 
     def replace(self, **changes: object) -> Config:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

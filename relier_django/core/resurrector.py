@@ -360,7 +360,7 @@ class Scanner:
     def is_leader(self) -> bool:
         """Acquire or extend the lease; True while this scanner holds it."""
         keys = self.resurrector.keys
-        ttl_ms = int(self.config.leader_lease_s * 1000)
+        ttl_ms = int(self.config.leader_lease_ttl_s * 1000)
         return scripts.ScriptCall(
             scripts.LEADER, keys.for_leader(), [self.scanner_id, ttl_ms], lambda r: bool(int(r))
         ).run(self.resurrector.client)

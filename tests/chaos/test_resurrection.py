@@ -62,6 +62,22 @@ def test_sigkill_of_a_child_mid_task_completes_it_exactly_once_elsewhere(fast_wo
     assert client.zcard(KEYS.expiry) == 0
 
 
+def test_a_child_killed_mid_task_is_handed_off_without_waiting_for_its_ttl(
+    fast_worker, redis_client
+):
+    # With a 60 s TTL, only the main process's hand-off can bring it back within 30 s.
+    worker = fast_worker(extra_env={"RELIER_HEARTBEAT_TTL_S": "60"})
+    client = sync_client(config.current())
+    receipt = tasks.sync_record.push("k-lost", 2)
+    worker.kill_child(running_pid(client, receipt.task_id))
+
+    result = receipt.get(timeout=30)
+    assert result["fence"] == 2 and result["runs"] == 1
+    assert executions(client, "k-lost") == [2]
+    line = f"pool process died running task_id={receipt.task_id} fence=1: handed off"
+    assert line in worker.log_text()
+
+
 def test_sigkill_of_a_whole_worker_holding_a_prefetched_backlog_runs_every_task_once(
     fast_worker, redis_client
 ):

@@ -22,6 +22,13 @@ def test_default_refresh_is_a_third_of_the_ttl():
     assert Config(heartbeat_ttl_s=9).heartbeat_every_s == 3
 
 
+def test_the_leader_lease_is_three_scan_intervals_unless_set():
+    assert Config(scan_interval_s=2).leader_lease_ttl_s == 6
+    assert Config(scan_interval_s=2, leader_lease_s=20).leader_lease_ttl_s == 20
+    with pytest.raises(ConfigError, match="leader_lease_s"):
+        Config(leader_lease_s=0)
+
+
 def test_settings_dict_and_environment_reach_the_config(settings, monkeypatch):
     monkeypatch.delenv("RELIER_REDIS_URL", raising=False)
     settings.RELIER = {"REDIS_URL": "redis://example:1/0", "MAX_RETRIES": 7}
