@@ -15,6 +15,8 @@ class Fault:
     at: float  # time.time()
     text: str
     interrupts: bool = True  # counts for recovery latencies (a heal or a SIGCONT does not)
+    # The processes it took or froze; empty: every process (Redis, the network).
+    pids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -79,20 +81,25 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def recovery_latencies(executions: list[Execution], faults: list[Fault]) -> list[float]:
-    """For each restart of a task, the time since the last interrupting fault before it,
-    when that fault came after the task's previous start (the fault interrupted or held
-    it): from the fault to the task running again."""
-    times = sorted(f.at for f in faults if f.interrupts)
-    starts: dict[str, list[float]] = {}
+    """For each restart of a task: from the first interrupting fault that hit the
+    process of its previous start, after that start, to the task running again.
+
+    The first such fault, not the last before the restart: a later fault (another
+    worker killed while this task waited for its resurrection) would make the recovery
+    look shorter than it was."""
+    hits = sorted((f.at, f.pids) for f in faults if f.interrupts)
+    starts: dict[str, list[tuple[float, int]]] = {}
     for e in executions:
         if e.event == "start":
-            starts.setdefault(e.task_id, []).append(e.at)
+            starts.setdefault(e.task_id, []).append((e.at, e.pid))
     out = []
     for task_starts in starts.values():
-        for previous, restart in itertools.pairwise(sorted(task_starts)):
-            between = [t for t in times if previous <= t <= restart]
-            if between:
-                out.append(restart - between[-1])
+        for (previous, pid), (restart, _) in itertools.pairwise(sorted(task_starts)):
+            took = [
+                at for at, pids in hits if previous <= at <= restart and (not pids or pid in pids)
+            ]
+            if took:
+                out.append(restart - took[0])
     return out
 
 

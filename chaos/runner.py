@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,8 +204,9 @@ class Run:
         return thread
 
     # -- faults and observations ---------------------------------------------------------
-    def fault(self, text: str, interrupts: bool = True) -> None:
-        fault = Fault(time.time(), text, interrupts)
+    def fault(self, text: str, interrupts: bool = True, pids: Iterable[int] = ()) -> None:
+        """Record a fault; ``pids``: the processes it took or froze (none: all of them)."""
+        fault = Fault(time.time(), text, interrupts, tuple(sorted(pids)))
         if not self.report.started_at:
             self.report.started_at = fault.at
         self.report.faults.append(fault)

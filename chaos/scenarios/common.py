@@ -47,7 +47,7 @@ def kill_child(run: Run, worker: CeleryWorker, running: Running) -> Running:
     pid = run.rng.choice(pids)
     os.kill(pid, signal.SIGKILL)
     hit = {t: v for t, v in running.items() if v[0] == pid}
-    run.fault(f"SIGKILL pool process {pid} of {worker.name} (running {len(hit)} task)")
+    run.fault(f"SIGKILL pool process {pid} of {worker.name} (running {len(hit)} task)", pids=[pid])
     return hit
 
 
@@ -55,12 +55,13 @@ def kill_worker(run: Run, worker: CeleryWorker, running: Running) -> CeleryWorke
     """SIGKILL ``worker`` whole (main process and pool), then restart its slot, as a
     supervisor (systemd, Kubernetes) would."""
     slot = run.cluster.slot_of(worker)
-    children = len(worker.children())
+    children = [p.pid for p in worker.children()]
     pid = worker.pid
     worker.kill()
     run.fault(
-        f"SIGKILL worker {worker.name} (main {pid} + {children} pool processes; "
-        f"{len(running)} task(s) marked running there, and its prefetched ones)"
+        f"SIGKILL worker {worker.name} (main {pid} + {len(children)} pool processes; "
+        f"{len(running)} task(s) marked running there, and its prefetched ones)",
+        pids=[pid, *children],
     )
     fresh = run.cluster.replace(slot)
     run.fault(f"supervisor: {worker.name} replaced by {fresh.name}", interrupts=False)

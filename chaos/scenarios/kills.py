@@ -95,7 +95,10 @@ def zombie(run: Run) -> None:
         run.verify(stale_incarnation_checks({}, "", "the paused worker"))
         return
     paused_at = time.time()
-    run.fault(f"SIGSTOP worker {victim.name} (main + pool) holding {len(held)} running task(s)")
+    run.fault(
+        f"SIGSTOP worker {victim.name} (main + pool) holding {len(held)} running task(s)",
+        pids=[victim.pid, *(p.pid for p in victim.children())],
+    )
     if not wait_superseded(run, held):
         run.note("zombie: its tasks were not all resurrected and committed within 90 s")
     victim.cont_group()
@@ -146,8 +149,12 @@ def graceful_deploy(run: Run) -> None:
         if busy_worker(run, 5) is None:
             run.note(f"deploy: nothing was running when {old.name} was rolled")
         fresh = run.cluster.start_worker(slot)  # surge: the replacement is up first
+        took = [old.pid, *(p.pid for p in old.children())]
         old.terminate(wait_s=None)  # SIGTERM to the main process only, as Kubernetes does
-        run.fault(f"SIGTERM main process {old.pid} of {old.name} (rolling; {fresh.name} is up)")
+        run.fault(
+            f"SIGTERM main process {old.pid} of {old.name} (rolling; {fresh.name} is up)",
+            pids=took,
+        )
         waiter = threading.Thread(target=_await_exit, args=(old, time.time(), exits), daemon=True)
         waiter.start()
         waiters.append(waiter)

@@ -39,7 +39,8 @@ def network_partition(run: Run) -> None:
     ttl = float(run.setting("RELIER_HEARTBEAT_TTL_S"))
     run.fault(
         f"network cut {cut.name} <-> Redis (proxy :{proxy.port} blackholes both ways, "
-        f"sockets stay open); {len(held)} task(s) running there"
+        f"sockets stay open); {len(held)} task(s) running there",
+        pids=[cut.pid, *(p.pid for p in cut.children())],
     )
     if not wait_superseded(run, held):
         run.note("partition: the cut-off tasks were not all resurrected within 90 s")
