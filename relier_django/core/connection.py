@@ -38,10 +38,12 @@ from .config import Config
 from .redaction import redact
 
 __all__ = [
+    "FastLane",
     "async_client",
     "close_loop_clients",
     "connection_options",
     "describe",
+    "fast_lane",
     "redact",
     "sync_client",
 ]
@@ -162,11 +164,72 @@ def _sentinel(
     return manager, master
 
 
+class FastLane:
+    """Idle connections of one sync client, for single script calls on hot paths.
+
+    A worker pays three script round trips per task (reservation, start, commit) and a
+    producer one; through ``redis.Redis`` each costs about twice the client CPU of the
+    bare socket exchange (the pool's checkout with its readiness poll, the retry
+    wrapper, the reply callbacks). A lane hands a thread one of its own connections
+    (made with the client's pool's class and options: TLS, unix socket, AUTH, db,
+    client name) without any of that; a thread that finds none idle makes one.
+
+    Deliberately thin: one attempt, no retries. A caller that sees a connection error
+    goes through the client, which retries; that replays a script whose reply was
+    lost, which is why only retrying clients, whose every script is safe to replay,
+    get a lane (``ratelimit.lua`` is not, and uses a fail-fast client).
+    """
+
+    def __init__(self, pool: redis.ConnectionPool) -> None:
+        self._pool = pool
+        self._idle: list[redis.connection.AbstractConnection] = []  # LIFO: warm ones first
+
+    def call(self, *command: Any) -> Any:
+        """Send ``command`` and return its reply, decoded as the client's would be.
+
+        Raises:
+            redis.exceptions.ResponseError: the server's error reply (the connection
+                stays usable).
+            redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: the
+                exchange failed; the connection is closed, and the command may or may
+                not have run.
+        """
+        try:
+            conn = self._idle.pop()  # list.pop and append are atomic: no lock needed
+        except IndexError:
+            conn = self._pool.connection_class(**self._pool.connection_kwargs)
+        try:
+            conn.send_packed_command(conn.pack_command(*command))
+            reply = conn.read_response()
+        except redis.exceptions.ResponseError:
+            self._idle.append(conn)  # a whole error reply was read: still in step
+            raise
+        except BaseException:
+            conn.disconnect()  # redis-py has closed it already on socket errors
+            raise
+        self._idle.append(conn)
+        return reply
+
+
+# Lanes of the retrying, non-Sentinel sync clients (a Sentinel master can move, and its
+# connections find it through the pool): keyed by the client object itself.
+_lanes: weakref.WeakKeyDictionary[redis.Redis, FastLane] = weakref.WeakKeyDictionary()
+
+
+def fast_lane(client: redis.Redis) -> FastLane | None:
+    """The fast lane of a client :func:`sync_client` built, or None (a fail-fast or
+    Sentinel client, or one made elsewhere)."""
+    return _lanes.get(client)
+
+
 def _build_sync(config: Config, fail_fast: bool) -> redis.Redis:
     retry = redis.retry.Retry(_backoff(), 0 if fail_fast else _RETRIES)
     options = _options(config, fail_fast)
     if not config.sentinels:
-        return redis.Redis.from_url(config.redis_url, retry=retry, **options)
+        client = redis.Redis.from_url(config.redis_url, retry=retry, **options)
+        if not fail_fast:
+            _lanes[client] = FastLane(client.connection_pool)
+        return client
     manager, master = _sentinel(config, options, redis.sentinel.Sentinel, redis.retry.Retry)
     assert config.sentinel_master is not None  # Config refuses sentinels without it
     return manager.master_for(config.sentinel_master, retry=retry, **master)

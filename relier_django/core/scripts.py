@@ -16,6 +16,8 @@ from typing import Any, Generic, TypeVar
 import redis
 import redis.asyncio
 
+from .connection import fast_lane
+
 T = TypeVar("T")
 Arg = str | int | float | bytes
 
@@ -33,6 +35,15 @@ class LuaScript:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
 
     def run(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        lane = fast_lane(client)
+        if lane is not None:
+            try:
+                try:
+                    return lane.call("EVALSHA", self.sha, len(keys), *keys, *args)
+                except redis.exceptions.NoScriptError:
+                    return lane.call("EVAL", self.source, len(keys), *keys, *args)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                pass  # the client retries it (a replay, which every script here allows)
         try:
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:

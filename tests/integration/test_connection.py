@@ -25,6 +25,7 @@ from relier_django.core import connection
 from relier_django.core.config import Config
 from relier_django.core.connection import async_client, redact, sync_client
 from relier_django.core.errors import ConfigError
+from relier_django.core.scripts import LuaScript
 from testproject.cluster import (
     REPO_ROOT,
     CeleryWorker,
@@ -125,11 +126,22 @@ def _async_roundtrip(cfg: Config) -> str:
     return asyncio.run(main())
 
 
+_GET = LuaScript("get", "return redis.call('GET', KEYS[1])")
+
+
+def _through_the_lane(cfg: Config) -> str:
+    """``sync-key`` read by a script through the sync client's fast lane."""
+    client = sync_client(cfg)
+    assert connection.fast_lane(client) is not None
+    return _GET.run(client, ["sync-key"], [])
+
+
 def test_a_password_url_authenticates_the_sync_and_async_clients(password_server):
     assert "%40" in password_server.url  # the '@' in the password is percent-encoded
     cfg = Config(redis_url=password_server.url)
     sync_client(cfg).set("sync-key", "sync-value")
     assert sync_client(cfg).get("sync-key") == "sync-value"
+    assert _through_the_lane(cfg) == "sync-value"
     assert _async_roundtrip(cfg) == "async-value"
     assert not secrets_in(connection.describe(cfg))
 
@@ -163,6 +175,7 @@ def test_rediss_verifies_the_server_against_the_ca_from_the_url(tls_server):
     assert cfg.redis_url.startswith("rediss://") and "ssl_ca_certs=" in cfg.redis_url
     sync_client(cfg).set("sync-key", "sync-value")
     assert sync_client(cfg).get("sync-key") == "sync-value"
+    assert _through_the_lane(cfg) == "sync-value"
     assert _async_roundtrip(cfg) == "async-value"
     with tls_server.client() as direct:
         assert direct.config_get("port") == {"port": "0"}  # no plain-text port at all
@@ -562,3 +575,34 @@ def test_no_relier_module_builds_a_redis_client_outside_connection_py():
         if any(s in text for s in ("from_url(", "redis.Redis(", "Sentinel(", "StrictRedis(")):
             offenders.append(str(path.relative_to(package)))
     assert offenders == []
+
+
+# --- the fast lane (scripts on hot paths) -----------------------------------------------
+
+
+def test_a_script_whose_lane_connection_was_killed_runs_through_the_client(redis_server):
+    cfg = Config(redis_url=redis_server.url)
+    client = sync_client(cfg)
+    client.set("sync-key", "v1")
+    assert _through_the_lane(cfg) == "v1"
+    with redis_server.client() as admin:
+        # Every relier connection of this process, the lane's included, is cut.
+        name = f"relier:{os.getpid()}"
+        for entry in admin.client_list():
+            if entry["name"] == name:
+                admin.client_kill_filter(_id=entry["id"])
+        admin.script_flush()  # and the scripts are gone too: EVAL on the way back
+    client.set("sync-key", "v2")  # the client reconnects on its own (it retries)
+    assert _GET.run(client, ["sync-key"], []) == "v2"  # the lane's send fails: the client's
+    assert _GET.run(client, ["sync-key"], []) == "v2"  # the lane reconnected
+
+
+def test_fail_fast_and_sentinel_clients_have_no_lane(redis_server):
+    # A fail-fast client must not replay a script after a lost reply (ratelimit.lua
+    # counts a hit once); a Sentinel master's address comes from its pool.
+    assert (
+        connection.fast_lane(sync_client(Config(redis_url=redis_server.url), fail_fast=True))
+        is None
+    )
+    sentinel = Config(redis_url=redis_server.url, sentinels=("127.0.0.1:1",), sentinel_master="m")
+    assert connection.fast_lane(sync_client(sentinel)) is None
