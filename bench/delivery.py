@@ -131,7 +131,8 @@ def run_contender(
         logs = "".join(w.log_path.read_text(errors="replace") for w in workers)
     commits = Counter(re.findall(r"committed task_id=(\w+)", logs))
     latencies = recovery_latencies(starts, kill_times)
-    redispatched = redispatch_latencies(starts, kill_times, ids, logs)
+    by_kill = redispatch_latencies(starts, kill_times, ids, logs)
+    redispatched = [latency for latency, _ in by_kill]
     delivered = sum(1 for r in runs if r)
     return {
         "tasks": n,
@@ -152,6 +153,10 @@ def run_contender(
         "redispatch_p50_s": round(percentile(redispatched, 50), 2) if redispatched else None,
         "redispatch_p99_s": round(percentile(redispatched, 99), 2) if redispatched else None,
         "redispatch_latencies_s": [round(v, 3) for v in sorted(redispatched)],
+        # The two paths apart: a pool process's death is handed off by its worker's
+        # main process at once; a whole worker's is found when its heartbeats expire.
+        "redispatch_pool_process_kill_s": sorted(round(v, 3) for v, n in by_kill if n == 1),
+        "redispatch_whole_worker_kill_s": sorted(round(v, 3) for v, n in by_kill if n > 1),
         "elapsed_s": round(elapsed, 1),
     }
 
@@ -186,20 +191,22 @@ _RESURRECTED = re.compile(  # the testproject's log format: "<asctime> WARNING <
 
 def redispatch_latencies(
     starts: list[list[Start]], kill_times: list[Kill], ids: list[str], logs: str
-) -> list[float]:
+) -> list[tuple[float, int]]:
     """For each run a kill interrupted and relier_django resurrected: from that kill to
     the re-dispatch (the resurrector's ``resurrected`` log line, written once the
-    broker accepted the message). Detection and publish only: what the TTL + scan
+    broker accepted the message), with how many processes the kill took (1: a pool
+    process; more: a whole worker). Detection and publish only: what the TTL + scan
     bound covers, without the queueing after it."""
     sent: dict[str, list[float]] = {}
     for stamp, task_id in _RESURRECTED.findall(logs):
         local = time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")
         sent.setdefault(task_id, []).append(time.mktime(local) + int(stamp[20:]) / 1000)
+    took = {at: len(pids) for at, pids in kill_times}
     out = []
     for index, killed, restart in interruptions(starts, kill_times):
         after = [at for at in sent.get(ids[index], []) if killed <= at <= restart + 1]
         if after:
-            out.append(min(after) - killed)
+            out.append((min(after) - killed, took[killed]))
     return out
 
 
@@ -225,6 +232,10 @@ def main() -> dict:
         help="Celery's worker_prefetch_multiplier, the same for every contender (default 4)",
     )  # fmt: skip
     parser.add_argument("--only", nargs="*", choices=list(CONTENDERS), help="run only these")
+    parser.add_argument(
+        "--keep-logs", type=Path, metavar="DIR",
+        help="write the workers' logs under DIR (one directory per round) and keep them",
+    )  # fmt: skip
     args = parser.parse_args()
     rounds = [(args.tasks, args.kills)] + ([(2000, 10)] if args.big else [])
     results: dict[str, dict] = {}
@@ -232,9 +243,10 @@ def main() -> dict:
         for n, kills in rounds:
             for contender in args.only or CONTENDERS:
                 key = f"{contender}/{n}x{kills}"
-                print(f"running {key} …", flush=True)
+                logs = (args.keep_logs or Path(tmp)) / f"{contender}-{n}x{kills}"
+                print(f"running {key} … (logs: {logs})", flush=True)
                 results[key] = run_contender(
-                    contender, n, kills, args.seed, Path(tmp), args.prefetch_multiplier
+                    contender, n, kills, args.seed, logs, args.prefetch_multiplier
                 )
     target_p99 = RELIER_TTL_S + RELIER_SCAN_S + 1
     out = {

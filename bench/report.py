@@ -34,6 +34,12 @@ def _machine(data: dict[str, Any]) -> str:
     return f"_{m.get('at', '?')}, Python {m.get('python', '?')}, {m.get('cpus', '?')} CPUs_"
 
 
+def _spread(values: list[float] | None) -> str:
+    if not values:
+        return "none"
+    return f"n={len(values)}, {min(values):.1f}-{max(values):.1f} s"
+
+
 def delivery(lines: list[str]) -> None:
     data = _load("delivery")
     if data is None:
@@ -56,6 +62,16 @@ def delivery(lines: list[str]) -> None:
               f"recovery p99 <= {target:g} s (TTL + scan interval + 1 s), from the kill to the "
               f"task running again (queueing included): {_verdict(running)}; from the kill "
               f"to its re-dispatch (what the bound covers): {_verdict(sent)}.", ""]  # fmt: skip
+    for key, r in data["results"].items():
+        pool, whole = (
+            r.get("redispatch_pool_process_kill_s"),
+            r.get("redispatch_whole_worker_kill_s"),
+        )
+        if pool or whole:
+            lines.append(f"- {key}, kill -> re-dispatch by what was killed: a pool "
+                         f"process (handed off by its main process) {_spread(pool)}; a whole "
+                         f"worker (found by heartbeat expiry) {_spread(whole)}")  # fmt: skip
+    lines.append("")
     if _histogram(data):
         lines += [f"![recovery latency]({HISTOGRAM})", ""]
 
