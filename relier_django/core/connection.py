@@ -174,14 +174,18 @@ class FastLane:
     (made with the client's pool's class and options: TLS, unix socket, AUTH, db,
     client name) without any of that; a thread that finds none idle makes one.
 
-    Deliberately thin: one attempt, no retries. A caller that sees a connection error
-    goes through the client, which retries; that replays a script whose reply was
-    lost, which is why only retrying clients, whose every script is safe to replay,
-    get a lane (``ratelimit.lua`` is not, and uses a fail-fast client).
+    Deliberately thin: one attempt, no retries, not even in the connect or the health
+    check (the client's retry policy, which the pool's options carry, is replaced), so
+    a Redis that is down costs one failed attempt here and then the client's own retry
+    budget, not two budgets. A caller that sees a connection error goes through the
+    client, which retries; that replays a script whose reply was lost, which is why
+    only retrying clients, whose every script is safe to replay, get a lane
+    (``ratelimit.lua`` is not, and uses a fail-fast client).
     """
 
     def __init__(self, pool: redis.ConnectionPool) -> None:
-        self._pool = pool
+        self._connection_class = pool.connection_class
+        self._options = {**pool.connection_kwargs, "retry": redis.retry.Retry(_NO_BACKOFF, 0)}
         self._idle: list[redis.connection.AbstractConnection] = []  # LIFO: warm ones first
 
     def call(self, *command: Any) -> Any:
@@ -197,7 +201,7 @@ class FastLane:
         try:
             conn = self._idle.pop()  # list.pop and append are atomic: no lock needed
         except IndexError:
-            conn = self._pool.connection_class(**self._pool.connection_kwargs)
+            conn = self._connection_class(**self._options)
         try:
             conn.send_packed_command(conn.pack_command(*command))
             reply = conn.read_response()

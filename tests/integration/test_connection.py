@@ -606,3 +606,35 @@ def test_fail_fast_and_sentinel_clients_have_no_lane(redis_server):
     )
     sentinel = Config(redis_url=redis_server.url, sentinels=("127.0.0.1:1",), sentinel_master="m")
     assert connection.fast_lane(sync_client(sentinel)) is None
+
+
+def test_a_lane_makes_one_attempt_and_leaves_the_retries_to_the_client(tmp_path, monkeypatch):
+    # A Redis that stops answering (SIGSTOP: it still accepts connections, as one behind
+    # a network cut seems to). The lane's next call is due a health check; it must try
+    # once. Its connections must not inherit the client's retry policy (ten retries of
+    # timeouts), or such a Redis would cost the retry budget twice: the lane's, then
+    # the client's.
+    server = RedisServer(directory=tmp_path).start()
+    try:
+        cfg = Config(redis_url=server.url, redis_socket_timeout_s=0.2)
+        lane = connection.fast_lane(sync_client(cfg))
+        assert lane is not None and lane.call("PING") == "PONG"
+        for idle in lane._idle:
+            idle.next_health_check = 0  # idle past the health-check interval
+        pings = []
+        real = redis.connection.Connection._send_ping
+
+        def counted(self):  # type: ignore[no-untyped-def]
+            pings.append(1)
+            return real(self)
+
+        monkeypatch.setattr(redis.connection.Connection, "_send_ping", counted)
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises((redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+                lane.call("PING")
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert len(pings) == 1
+    finally:
+        server.stop()
