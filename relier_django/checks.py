@@ -19,7 +19,7 @@ import redis.connection
 from celery import current_app
 from celery.app.routes import Router, prepare
 from django.apps import AppConfig
-from django.core.checks import CheckMessage, Error, register
+from django.core.checks import CheckMessage, Error, Info, register
 from django.core.checks import Warning as CheckWarning
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules
@@ -28,6 +28,7 @@ from . import conf
 from .core.config import Config
 from .core.connection import describe, redact, sync_client
 from .core.task import RelierTask
+from .core.transport import SentinelTransport, Transport
 
 TAG = "relier"
 """The check tag: ``manage.py check --tag relier`` runs only these checks."""
@@ -259,6 +260,55 @@ def check_celery_serializers(
                 )
             )
     return errors
+
+
+@register(TAG)
+def check_broker_transport(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """relier.E007: relier_django's transport for the wrong kind of broker URL;
+    relier.I001: kombu's own Redis transport, where relier_django's would save each
+    task kombu's two ack-emulation round trips.
+
+    Returns:
+        At most one message.
+    """
+    from kombu.transport import get_transport_cls
+    from kombu.transport import redis as kombu_redis
+
+    celery_conf = current_app.conf
+    url = str(celery_conf.broker_url or "").split(";", 1)[0]
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    name = celery_conf.broker_transport or scheme
+    try:
+        cls = get_transport_cls(name) if isinstance(name, str) else name
+    except Exception:  # an unknown transport: Celery itself says so
+        return []
+    wanted = SentinelTransport if scheme == "sentinel" else Transport
+    setting = f'CELERY_BROKER_TRANSPORT = "relier_django.transport:{wanted.__name__}"'
+    if cls in (Transport, SentinelTransport):
+        if cls is wanted:
+            return []
+        return [
+            Error(
+                f"Celery's broker transport is relier_django's {cls.__name__}, which is "
+                f"for {'sentinel' if cls is SentinelTransport else 'redis'}:// URLs, but "
+                f"the broker URL is {redact(url)!r}: the worker would not reach its broker.",
+                hint=f"Set {setting}.",
+                id="relier.E007",
+            )
+        ]
+    if cls in (kombu_redis.Transport, kombu_redis.SentinelTransport):
+        return [
+            Info(
+                "Celery's broker is kombu's own Redis transport: each relier_django task "
+                "pays kombu's ack emulation (an unacked copy written on delivery and deleted "
+                "on ack, two round trips), which relier_django's heartbeats make redundant.",
+                hint=f"Set {setting} (every other task keeps kombu's ack emulation).",
+                id="relier.I001",
+            )
+        ]
+    return []
 
 
 def _relier_tasks() -> list[RelierTask]:

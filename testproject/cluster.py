@@ -252,9 +252,12 @@ def process_pointed_at(env: Mapping[str, str], **celery_conf: Any) -> Iterator[N
     from testproject.celery import app
 
     saved_env = {name: os.environ.get(name) for name in env}
-    saved_conf = {name: app.conf[name] for name in ("broker_url", *celery_conf)}
+    from testproject.settings import broker_transport
+
+    saved_conf = {name: app.conf[name] for name in ("broker_url", "broker_transport", *celery_conf)}
     os.environ.update(env)
-    app.conf.update(broker_url=env.get("CELERY_BROKER_URL", app.conf.broker_url), **celery_conf)
+    url = env.get("CELERY_BROKER_URL", app.conf.broker_url)
+    app.conf.update(broker_url=url, broker_transport=broker_transport(url), **celery_conf)
     conf.get_config.cache_clear()
     reset_celery_connections(app)
     try:

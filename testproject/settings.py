@@ -4,6 +4,7 @@ Everything that differs between machines comes from the environment through
 django-environ; the defaults run the demo on one machine with no set-up.
 """
 
+import os
 from pathlib import Path
 
 import environ
@@ -111,6 +112,20 @@ STATIC_URL = "static/"
 RELIER_REDIS_URL = env.str("RELIER_REDIS_URL", default="redis://127.0.0.1:6391/0")
 
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=RELIER_REDIS_URL)
+# kombu's Redis transport without its ack emulation for relier_django's own messages
+# (docs/settings.md); the benchmarks' Celery contenders set "redis", kombu's own.
+
+
+def broker_transport(url: str) -> str:
+    """The transport for a broker URL: CELERY_BROKER_TRANSPORT, else relier_django's."""
+    if "CELERY_BROKER_TRANSPORT" in os.environ:
+        return os.environ["CELERY_BROKER_TRANSPORT"]
+    if url.startswith("sentinel://"):
+        return "relier_django.transport:SentinelTransport"
+    return "relier_django.transport:Transport"
+
+
+CELERY_BROKER_TRANSPORT = broker_transport(CELERY_BROKER_URL)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_SERIALIZER = "json"

@@ -11,6 +11,10 @@ from typing import Any
 
 from .envelope import Envelope
 
+#: Marks a message as relier_django's: its delivery needs none of kombu's ack
+#: emulation (``transport.py``). The value is the incarnation's fence, for monitoring.
+MARKER_HEADER = "relier_fence"
+
 _lock = threading.Lock()
 _executor: tuple[int, ThreadPoolExecutor] | None = None
 
@@ -44,6 +48,7 @@ def _options(env: Envelope) -> dict[str, Any]:
         "ignore_result": True,
         "argsrepr": _clip(repr(list(env.args))),
         "kwargsrepr": _clip(repr(dict(env.kwargs))),
+        "headers": {MARKER_HEADER: env.fence},
     }
 
 
@@ -146,7 +151,10 @@ def _same_address(connection: Any, store: Any) -> bool:
     Redis transport at the store's host, port, database and user."""
     from kombu.transport.redis import Transport
 
-    if type(connection.transport) is not Transport:  # Sentinel and others: elsewhere
+    from . import transport
+
+    # Sentinel and others: elsewhere. Subclasses may publish differently; these two do not.
+    if type(connection.transport) not in (Transport, transport.Transport):
         return False
     ours = store.connection_pool.connection_kwargs
     if ours.get("path") or not ours.get("host"):  # a unix socket, a Sentinel pool
@@ -166,7 +174,9 @@ def _colocated(channel: Any, store: Any) -> bool:
     parameters are the store's."""
     from kombu.transport.redis import Channel
 
-    if type(channel) is not Channel:
+    from . import transport
+
+    if type(channel) not in (Channel, transport.Channel):
         return False
     theirs = channel.pool.connection_kwargs
     ours = store.connection_pool.connection_kwargs

@@ -72,7 +72,14 @@ def celery_conf() -> Iterator[object]:
     app_conf = current_app.conf
     saved = {
         key: app_conf[key]
-        for key in ("task_serializer", "accept_content", "task_routes", "task_queues")
+        for key in (
+            "task_serializer",
+            "accept_content",
+            "task_routes",
+            "task_queues",
+            "broker_url",
+            "broker_transport",
+        )
     }
     try:
         yield app_conf
@@ -306,6 +313,35 @@ def test_pickle_anywhere_in_celerys_serializers_is_an_error(start_redis, relier,
         "Celery's accept_content ['json', 'pickle'] includes pickle",
     ]
     assert "CELERY_ACCEPT_CONTENT" in errors[1].hint and "['json']" in errors[1].hint
+
+
+def test_the_testprojects_transport_passes(start_redis, relier):
+    relier(REDIS_URL=start_redis().url)
+    assert not [m for m in relier_messages() if m.id in ("relier.I001", "relier.E007")]
+
+
+def test_kombus_own_redis_transport_is_pointed_at_relier_s(start_redis, relier, celery_conf):
+    relier(REDIS_URL=start_redis().url)
+    celery_conf.broker_transport = None  # the URL's scheme decides: kombu's redis
+    info = by_id("relier.I001")
+    assert 'CELERY_BROKER_TRANSPORT = "relier_django.transport:Transport"' in info.hint
+
+
+def test_the_sentinel_transport_for_a_redis_url_is_an_error(start_redis, relier, celery_conf):
+    relier(REDIS_URL=start_redis().url)
+    celery_conf.broker_transport = "relier_django.transport:SentinelTransport"
+    error = by_id("relier.E007")
+    assert "for sentinel:// URLs" in error.msg
+    assert error.hint == 'Set CELERY_BROKER_TRANSPORT = "relier_django.transport:Transport".'
+
+
+def test_a_sentinel_url_wants_the_sentinel_transport(start_redis, relier, celery_conf):
+    relier(REDIS_URL=start_redis().url)
+    celery_conf.broker_url = "sentinel://127.0.0.1:1/0;sentinel://127.0.0.1:2/0"
+    celery_conf.broker_transport = "relier_django.transport:Transport"
+    assert "SentinelTransport" in by_id("relier.E007").hint
+    celery_conf.broker_transport = "sentinel"
+    assert "SentinelTransport" in by_id("relier.I001").hint
 
 
 def test_a_spec_whose_soft_timeout_is_not_below_the_hard_one_is_an_error(

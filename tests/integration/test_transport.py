@@ -1,0 +1,117 @@
+"""relier_django's Redis transport: kombu's, minus the unacked copies of relier's own
+messages; every other message keeps kombu's ack emulation. Real Redis, real kombu."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+
+import pytest
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+from relier_django.core.broker import MARKER_HEADER
+from relier_django.transport import Transport
+from testproject.demo import tasks
+
+QUEUE = Queue("tq", Exchange("tq", type="direct"), routing_key="tq")
+
+
+@pytest.fixture
+def connection(redis_server, redis_client) -> Iterator[Connection]:
+    conn = Connection(redis_server.url, transport=Transport)
+    try:
+        yield conn
+    finally:
+        conn.release()
+
+
+def _publish(conn: Connection, body: str, relier: bool) -> None:
+    headers = {MARKER_HEADER: 1} if relier else {}
+    Producer(conn.default_channel).publish(
+        body, exchange=QUEUE.exchange, routing_key="tq", declare=[QUEUE], headers=headers
+    )
+
+
+def _bodies(redis_client) -> list[str]:
+    """The queue's messages' bodies, left to right (kombu base64-encodes them)."""
+    out = []
+    for raw in redis_client.lrange("tq", 0, -1):
+        payload = json.loads(raw)
+        out.append(base64.b64decode(payload["body"]).decode())
+    return out
+
+
+def _receive(conn: Connection, n: int, prefetch: int = 0) -> list:
+    got: list = []
+    channel = conn.channel()
+    consumer = Consumer(channel, [QUEUE], callbacks=[lambda body, message: got.append(message)])
+    consumer.qos(prefetch_count=prefetch)
+    consumer.consume()
+    while len(got) < n:
+        conn.drain_events(timeout=5)
+    return got
+
+
+def test_only_messages_without_the_marker_get_kombus_unacked_copy(connection, redis_client):
+    _publish(connection, "plain", relier=False)
+    _publish(connection, "ours", relier=True)
+    got = _receive(connection, 2)
+    channel = got[0].channel
+    held = {json.loads(raw)[0]["body"] for raw in redis_client.hvals(channel.unacked_key)}
+    assert len(held) == 1 and redis_client.zcard(channel.unacked_index_key) == 1
+    assert {m.headers.get(MARKER_HEADER) for m in got} == {None, 1}
+    for message in got:
+        message.ack()
+    assert redis_client.hlen(channel.unacked_key) == 0
+    assert redis_client.zcard(channel.unacked_index_key) == 0
+
+
+def test_relier_messages_still_count_against_the_prefetch_limit(connection):
+    for i in range(3):
+        _publish(connection, f"ours-{i}", relier=True)
+    got = _receive(connection, 2, prefetch=2)
+    qos = got[0].channel.qos
+    assert not qos.can_consume()  # two held, none acked: no third BRPOP
+    got[0].ack()
+    assert qos.can_consume()
+
+
+def test_a_requeued_reject_puts_the_message_back_as_kombu_would(connection, redis_client):
+    _publish(connection, "first", relier=True)
+    _publish(connection, "second", relier=True)
+    first = _receive(connection, 1, prefetch=1)[0]
+    assert first.decode() == "first"
+    first.reject(requeue=True)
+    # kombu pops from the right; a rejected message goes back on the left (LPUSH),
+    # behind what is waiting, marked as redelivered.
+    assert _bodies(redis_client) == ["first", "second"]
+    back = json.loads(redis_client.lindex("tq", 0))
+    assert back["headers"][MARKER_HEADER] == 1 and back["headers"]["redelivered"] is True
+
+
+def test_a_closing_channel_puts_back_what_it_did_not_ack(connection, redis_client):
+    """kombu's restore at shutdown, for messages it holds in memory only."""
+    _publish(connection, "plain", relier=False)
+    _publish(connection, "ours", relier=True)
+    _publish(connection, "acked", relier=True)
+    got = _receive(connection, 3)
+    acked = next(m for m in got if m.decode() == "acked")
+    acked.ack()
+    got[0].channel.close()
+    assert sorted(_bodies(redis_client)) == ["ours", "plain"]
+    assert redis_client.hlen("unacked") == 0
+
+
+def test_a_push_marks_its_message(redis_client):
+    receipt = tasks.record.push("marked")
+    (raw,) = redis_client.lrange("celery", 0, -1)
+    message = json.loads(raw)
+    assert message["headers"][MARKER_HEADER] == 1
+    assert message["headers"]["id"] == receipt.task_id
+
+
+def test_a_worker_on_kombus_own_transport_runs_relier_tasks(worker_factory, redis_client):
+    """Opting out (or a worker not yet upgraded) loses nothing: kombu tracks it all."""
+    worker_factory(extra_env={"CELERY_BROKER_TRANSPORT": "redis"})
+    assert tasks.record.push("stock-transport").get(timeout=30)["runs"] == 1
