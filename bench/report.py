@@ -141,6 +141,9 @@ def _throughput(lines: list[str], d: dict[str, Any]) -> None:
         lines.append(f"| {workload} | " + " | ".join(str(row[c]) for c in contenders) + " |")
     lines.append(f"\nTarget no-op relier >= 0.8 x acks_late: {d['noop_ratio_vs_acks_late']} -> "
                  f"{_verdict(d['target_met'])}.")  # fmt: skip
+    if "noop_ratio_kombu_transport_vs_acks_late" in d:
+        lines.append(f"relier on kombu's own transport (relier_kombu): "
+                     f"{d['noop_ratio_kombu_transport_vs_acks_late']} x acks_late.")  # fmt: skip
 
 
 def _resurrector(lines: list[str], d: dict[str, Any]) -> None:

@@ -1,5 +1,9 @@
 """End-to-end throughput: vanilla Celery, Celery with acks_late, relier_django.
 
+Celery's contenders run on kombu's own Redis transport, relier_django on its own
+(``relier_django.transport``, what its docs tell users to set), and once more on
+kombu's (``relier_kombu``), so the transport's share of the result is measured too.
+
 Each contender gets a fresh private Redis (broker and store), one worker with 2 prefork
 processes (the machine's 2 cores), and the same tasks: the delivery benchmark's work
 functions (one RPUSH at start and one at the end, so completion can be counted the same
@@ -24,9 +28,15 @@ from pathlib import Path
 import psutil
 
 from bench.common import private_redis, setup_django, write_result
-from bench.delivery import CONTENDERS, _point_at, push_all
+from bench.delivery import CONTENDERS as DELIVERY_CONTENDERS
+from bench.delivery import KOMBU_TRANSPORT, _point_at, push_all
 
 WORKLOADS = {"no-op": 0.0, "10 ms": 0.01}
+# relier_django once more on kombu's own transport: what its transport is worth.
+CONTENDERS = {
+    **DELIVERY_CONTENDERS,
+    "relier_kombu": (DELIVERY_CONTENDERS["relier"][0], KOMBU_TRANSPORT),
+}
 
 
 def _cpu_s(pids: list[int]) -> float:
@@ -48,6 +58,7 @@ def run(contender: str, n: int, sleep_s: float, log_dir: Path) -> tuple[float, d
     from testproject.cluster import CeleryWorker
 
     task, extra = CONTENDERS[contender]
+    pusher = "relier" if contender.startswith("relier") else contender
     labels = [f"{contender}-{i}" for i in range(n)]
     with private_redis() as server:
         setup_django(server.url)
@@ -56,12 +67,12 @@ def run(contender: str, n: int, sleep_s: float, log_dir: Path) -> tuple[float, d
         worker = CeleryWorker(server.url, log_dir, name=f"tp-{contender}", extra_env=extra)
         worker.start()
         try:
-            push_all(contender, task, labels[:1], sleep_s)  # warm both ends
+            push_all(pusher, task, labels[:1], sleep_s)  # warm both ends
             _wait_done(client, labels[:1], 60)
             worker_pids = [worker.pid, *(p.pid for p in worker.children())]
             before = (_cpu_s([os.getpid()]), _cpu_s(worker_pids), _cpu_s([server.pid]))
             t0 = time.perf_counter()
-            push_all(contender, task, labels[1:], sleep_s)
+            push_all(pusher, task, labels[1:], sleep_s)
             _wait_done(client, labels[1:], 600)
             elapsed = time.perf_counter() - t0
             after = (_cpu_s([os.getpid()]), _cpu_s(worker_pids), _cpu_s([server.pid]))
@@ -131,10 +142,13 @@ def main() -> dict:
     for workload, per in cpu_table.items():
         for c, row in per.items():
             print(f"{workload:<8} {c:<10} " + " / ".join(f"{v:.3f}" for v in row.values()))
+    kombu_ratio = table["no-op"]["relier_kombu"] / table["no-op"]["acks_late"]
     print(f"\nno-op relier_django / acks_late: {ratio:.2f} (target >= 0.80: {verdict})")
+    print(f"the same on kombu's own transport: {kombu_ratio:.2f}")
     data = {"sizes": sizes, "rounds": args.rounds, "tasks_per_s": table, "all_rounds": rates,
             "cpu_ms_per_task": cpu_table,
             "noop_ratio_vs_acks_late": round(ratio, 3), "target": 0.8,
+            "noop_ratio_kombu_transport_vs_acks_late": round(kombu_ratio, 3),
             "target_met": verdict == "met"}  # fmt: skip
     path = write_result("throughput", data)
     print(f"results: {path}")

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -224,8 +225,6 @@ def test_sigterm_drains_short_tasks_in_place_and_hands_the_rest_off(worker_facto
     reserved = [tasks.record.push(f"reserved-{i}", 0.5) for i in range(3)]
     wait_until(lambda: leaving.log_text().count("received") >= 7, 10, what="prefetch")
 
-    import time
-
     leaving.terminate(wait_s=None)  # SIGTERM to the main process only
     sigterm_at = time.monotonic()
 
@@ -250,30 +249,36 @@ def test_sigterm_drains_short_tasks_in_place_and_hands_the_rest_off(worker_facto
     assert "handed off 2 running task(s)" in leaving.log_text()
 
 
-def test_the_brokers_own_redelivery_after_a_resurrection_is_refused_as_stale(
-    worker_factory, redis_client
-):
-    redeliver_fast = {
-        **FAST,
-        "CELERY_VISIBILITY_TIMEOUT": "4",
-        "CELERY_UNACKED_RESTORE_INTERVAL": "0.5",
-        "CELERY_UNACKED_RESTORE_THROTTLE": "1",
-    }
-    survivor = worker_factory(
-        name="survivor", concurrency=2, queues=("elsewhere",), extra_env=redeliver_fast
-    )
-    doomed = worker_factory(
-        name="doomed", concurrency=1, queues=("celery",), extra_env=redeliver_fast
-    )
+REDELIVER_FAST = {
+    **FAST,
+    "CELERY_VISIBILITY_TIMEOUT": "4",
+    "CELERY_UNACKED_RESTORE_INTERVAL": "0.5",
+    "CELERY_UNACKED_RESTORE_THROTTLE": "1",
+}
+
+
+def _kill_a_worker_holding_four(worker_factory, env: dict[str, str]):  # type: ignore[no-untyped-def]
+    """Four tasks on a one-process worker (one running, three reserved), the worker
+    SIGKILLed, a replacement started (as a supervisor would): returns the receipts and
+    the two workers that may see the broker's redeliveries."""
+    survivor = worker_factory(name="survivor", concurrency=2, queues=("elsewhere",), extra_env=env)
+    doomed = worker_factory(name="doomed", concurrency=1, queues=("celery",), extra_env=env)
     client = sync_client(config.current())
     receipts = [tasks.record.push(f"redeliver-{i}", 2) for i in range(4)]
     running_pid(client, receipts[0].task_id)
     wait_until(lambda: doomed.log_text().count("received") >= 4, 10, what="prefetch")
-    doomed.kill()  # 1 running (acked) + 3 reserved (unacked in kombu) die with it
-    # The supervisor restarts it; kombu puts the originals back on "celery" for it.
-    successor = worker_factory(
-        name="successor", concurrency=2, queues=("celery",), extra_env=redeliver_fast
-    )
+    doomed.kill()  # 1 running (acked) + 3 reserved (not acked) die with it
+    successor = worker_factory(name="successor", concurrency=2, queues=("celery",), extra_env=env)
+    return receipts, (survivor, successor)
+
+
+def test_the_brokers_own_redelivery_after_a_resurrection_is_refused_as_stale(
+    worker_factory, redis_client
+):
+    """On kombu's own transport (a worker not on relier_django's, e.g. mid-upgrade)."""
+    env = {**REDELIVER_FAST, "CELERY_BROKER_TRANSPORT": "redis"}
+    receipts, (survivor, successor) = _kill_a_worker_holding_four(worker_factory, env)
+    client = sync_client(config.current())
 
     assert [r.get(timeout=30)["fence"] for r in receipts] == [2, 2, 2, 2]
     # After the visibility timeout kombu hands the 3 unacked originals (fence 1) to the
@@ -290,8 +295,24 @@ def test_the_brokers_own_redelivery_after_a_resurrection_is_refused_as_stale(
         assert executions(client, f"redeliver-{i}") == [2]  # each ran exactly once
 
 
+def test_on_relier_s_transport_a_dead_workers_reserved_tasks_come_back_once(
+    worker_factory, redis_client
+):
+    """relier_django's transport keeps no unacked copy of its messages: the reserved
+    tasks come back through their heartbeats alone, and kombu redelivers nothing."""
+    receipts, (survivor, successor) = _kill_a_worker_holding_four(worker_factory, REDELIVER_FAST)
+    client = sync_client(config.current())
+
+    assert [r.get(timeout=30)["fence"] for r in receipts] == [2, 2, 2, 2]
+    time.sleep(6)  # past the 4 s visibility timeout and a restore pass
+    logs = survivor.log_text() + successor.log_text()
+    assert "message refused" not in logs
+    assert redis_client.hlen("unacked") == 0 and redis_client.llen("celery") == 0
+    for i in range(4):
+        assert executions(client, f"redeliver-{i}") == [2]
+
+
 def test_a_scanner_with_a_skewed_clock_resurrects_nothing_early(redis_client, monkeypatch):
-    import time
 
     from relier_django.core import fencing, idempotency, producer
     from relier_django.core.resurrector import Resurrector

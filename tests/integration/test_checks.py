@@ -335,9 +335,11 @@ def test_the_sentinel_transport_for_a_redis_url_is_an_error(start_redis, relier,
     assert error.hint == 'Set CELERY_BROKER_TRANSPORT = "relier_django.transport:Transport".'
 
 
-def test_a_sentinel_url_wants_the_sentinel_transport(start_redis, relier, celery_conf):
+def test_a_sentinel_url_wants_the_sentinel_transport(start_redis, relier, celery_conf, monkeypatch):
     relier(REDIS_URL=start_redis().url)
-    celery_conf.broker_url = "sentinel://127.0.0.1:1/0;sentinel://127.0.0.1:2/0"
+    url = "sentinel://127.0.0.1:1/0;sentinel://127.0.0.1:2/0"
+    celery_conf.broker_url = url
+    monkeypatch.setenv("CELERY_BROKER_URL", url)  # Celery reads it before its own setting
     celery_conf.broker_transport = "relier_django.transport:Transport"
     assert "SentinelTransport" in by_id("relier.E007").hint
     celery_conf.broker_transport = "sentinel"
