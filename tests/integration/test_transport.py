@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 from collections.abc import Iterator
 
 import pytest
@@ -12,6 +13,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from relier_django.core.broker import MARKER_HEADER
 from relier_django.transport import Transport
+from testproject.cluster import RedisServer, make_tls_files
 from testproject.demo import tasks
 
 QUEUE = Queue("tq", Exchange("tq", type="direct"), routing_key="tq")
@@ -115,3 +117,21 @@ def test_a_worker_on_kombus_own_transport_runs_relier_tasks(worker_factory, redi
     """Opting out (or a worker not yet upgraded) loses nothing: kombu tracks it all."""
     worker_factory(extra_env={"CELERY_BROKER_TRANSPORT": "redis"})
     assert tasks.record.push("stock-transport").get(timeout=30)["runs"] == 1
+
+
+def test_over_tls_with_celerys_broker_use_ssl(tmp_path):
+    """rediss:// and kombu's ssl options reach the connection through the subclass."""
+    files = make_tls_files(tmp_path / "tls")
+    server = RedisServer(directory=tmp_path / "redis", tls=files).start()
+    try:
+        use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": str(files.ca)}
+        url = f"rediss://127.0.0.1:{server.port}/0"
+        with Connection(url, transport=Transport, ssl=use_ssl) as conn:
+            _publish(conn, "over-tls", relier=True)
+            (message,) = _receive(conn, 1)
+            assert message.decode() == "over-tls"
+            message.ack()
+        with server.client() as direct:
+            assert direct.llen("tq") == 0 and direct.hlen("unacked") == 0
+    finally:
+        server.stop()
