@@ -1,6 +1,7 @@
 """G6: admission control on push. Refused pushes store, send and count nothing; the
-limit holds exactly under concurrent callers; duplicates are not counted. Real Redis;
-no worker is needed (accepted messages wait in the broker's list)."""
+limit holds exactly under concurrent callers; duplicates, retries, resurrections and
+releases are not counted. Real Redis; a real worker only where a task has to run
+(elsewhere accepted messages wait in the broker's list)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 
 import pytest
 
-from relier_django import AdmissionRejected, rl_task
+from relier_django import AdmissionRejected, TaskFailed, rl_task
 from relier_django.core import admission, config
 from relier_django.core.config import Config
 from relier_django.core.connection import sync_client
@@ -146,3 +147,41 @@ def test_a_replayed_push_is_not_counted_twice(limits):
     for _ in range(3):
         assert idempotency.store(KEYS, env, env.encode(), 60_000, 3, gates).run(client).stored
     assert client.get(KEYS.admission_all) == "1"
+
+
+def test_retries_resurrections_and_releases_are_not_counted(limits, worker_factory):
+    """Only a push is new work. The worker runs with the same limit, so a retry,
+    resurrection or release that counted would fill it before the last push."""
+    from relier_django.core.release import release
+    from testproject.celery import app
+
+    limits(ADMISSION_LIMIT="4/h")  # an hour: the window cannot reset mid-test
+    worker_factory(extra_env={"RELIER_ADMISSION_LIMIT": "4/h"})
+    client = sync_client(config.current())
+
+    def counted() -> int:
+        return int(client.get(KEYS.admission_all))
+
+    assert tasks.flaky.push("retried", 2).get(timeout=30)["attempt"] == 3  # two retries
+    assert counted() == 1
+
+    poison = tasks.self_destruct.push("resurrected")  # dies on every run
+    with pytest.raises(TaskFailed) as err:
+        poison.get(timeout=60)
+    assert err.value.reason == "resurrection_limit"
+    assert client.llen("demo:exec:resurrected") == 3  # first run + two resurrections
+    assert counted() == 2
+
+    broken = tasks.explode.push("released")
+    with pytest.raises(TaskFailed):
+        broken.get(timeout=30)
+    for _ in range(2):  # released twice; each run lands in the DLQ again
+        with pytest.raises(TaskFailed):
+            release(app, config.current(), broken.task_id).get(timeout=30)
+    assert client.llen("demo:exec:released") == 3
+    assert counted() == 3
+
+    tasks.record.push("fourth")  # the limit is still live: one more fits, then none
+    with pytest.raises(AdmissionRejected):
+        tasks.record.push("fifth")
+    assert counted() == 4
