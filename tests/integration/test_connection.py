@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -636,5 +637,45 @@ def test_a_lane_makes_one_attempt_and_leaves_the_retries_to_the_client(tmp_path,
         finally:
             os.kill(server.pid, signal.SIGCONT)
         assert len(pings) == 1
+    finally:
+        server.stop()
+
+
+def test_calls_ride_out_a_redis_restart_and_give_up_only_after_the_retry_budget(tmp_path):
+    """operations.md: every relier call retries connection errors for at least 3.75 s.
+    A Redis back within that time answers the calls made while it was down (sync, a
+    script through the fast lane, async); one that stays down fails them, and not
+    sooner. Only the floor is asserted: a slow machine can make a call later, never
+    sooner."""
+    server = RedisServer(directory=tmp_path).start()
+    try:
+        cfg = Config(redis_url=server.url)
+        client = sync_client(cfg)
+        client.set("sync-key", "before")
+        assert _through_the_lane(cfg) == "before"
+
+        def while_down(call):  # type: ignore[no-untyped-def]
+            server.kill()
+            back = threading.Timer(1.5, server.start)
+            back.start()
+            try:
+                return call()
+            finally:
+                back.join()
+
+        assert while_down(lambda: client.set("sync-key", "during")) is True
+        assert while_down(lambda: _GET.run(client, ["sync-key"], [])) == "during"
+
+        async def async_get() -> str:
+            return await async_client(cfg).get("sync-key")
+
+        assert while_down(lambda: asyncio.run(async_get())) == "during"
+
+        server.kill()
+        for call in (lambda: client.get("sync-key"), lambda: asyncio.run(async_get())):
+            began = time.monotonic()
+            with pytest.raises(redis.exceptions.ConnectionError):
+                call()
+            assert time.monotonic() - began >= 3.75
     finally:
         server.stop()
