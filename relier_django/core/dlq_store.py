@@ -238,13 +238,15 @@ class DeadLetterStore:
         (Redis clock; None: every entry). Returns how many were deleted."""
         cutoff = self.server_time_ms() if failed_before_ms is None else failed_before_ms
         deleted = 0
+        kept: set[str] = set()
         while True:
             ids = self.client.zrangebyscore(self.keys.dlq, "-inf", cutoff, start=0, num=batch)
-            if not ids:
+            # A batch released under us leaves the index, so the next read moves on;
+            # only ids the script refused while still indexed could come back forever.
+            if not ids or kept.issuperset(ids):
                 return deleted
             gone = self._delete(ids, (), max_at_ms=cutoff)
-            if not gone:  # every candidate changed under us (released meanwhile)
-                return deleted
+            kept = set(ids).difference(gone)
             deleted += len(gone)
 
     def _delete(

@@ -5,6 +5,7 @@ DLQ except by release, delete or purge. Against the session's private Redis."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import pytest
@@ -173,6 +174,62 @@ def test_purge_deletes_only_entries_that_failed_before_the_cutoff(store):
     assert store.purge(cutoff, batch=2) == len(old)
     assert set(everything(store)) == set(new)
     assert store.purge() == 3 and store.size() == 0 and store.counts().by_task == {}
+
+
+def test_a_purge_goes_on_past_a_batch_that_was_released_under_it(store, monkeypatch):
+    # The whole first batch is released between the purge reading it and deleting it;
+    # the entries after it failed before the cutoff all the same and must go.
+    ids = [fail(tasks.record, f"p{i}").id for i in range(6)]
+    read = store.client.zrangebyscore
+    first = []
+
+    def then_released(*args, **kwargs):  # type: ignore[no-untyped-def]
+        found = read(*args, **kwargs)
+        if not first:
+            first.extend(found)
+            for entry_id in found:
+                release.release(app, config.current(), entry_id)
+        return found
+
+    monkeypatch.setattr(store.client, "zrangebyscore", then_released)
+    assert store.purge(batch=2) == 4
+    assert len(first) == 2 and store.size() == 0
+    for entry_id in first:  # released: live again, not deleted
+        assert store.client.hget(KEYS.task(entry_id), "state") == "queued"
+    for entry_id in set(ids) - set(first):
+        assert not store.client.exists(KEYS.task(entry_id))
+
+
+def test_a_purge_racing_releases_deletes_or_releases_each_entry_never_both(store):
+    ids = [fail(tasks.record, f"r{i}").id for i in range(200)]
+    to_release = ids[::-1]  # from the far end of the purge's order: the two meet
+    released, refused = [], []
+    under_way = threading.Event()
+
+    def releaser() -> None:
+        for entry_id in to_release:
+            try:
+                released.append(release.release(app, config.current(), entry_id).task_id)
+            except EntryNotReleasable:
+                refused.append(entry_id)  # the purge took it first
+            under_way.set()
+
+    thread = threading.Thread(target=releaser)
+    thread.start()
+    under_way.wait(10)
+    purged = store.purge(batch=1)
+    thread.join()
+
+    assert released and refused, "the purge and the releases did not overlap"
+    assert len(released) + len(refused) == len(ids)
+    assert purged + len(released) == len(ids)  # each entry went one way, exactly
+    assert store.size() == 0 and store.counts().total == 0
+    for entry_id in released:  # live again; its entry gone with the release
+        assert store.client.hget(KEYS.task(entry_id), "state") == "queued"
+        assert not store.client.exists(KEYS.dlq_entry(entry_id))
+    for entry_id in refused:  # purged: nothing of it left
+        assert not store.client.exists(KEYS.task(entry_id))
+        assert not store.client.exists(KEYS.dlq_entry(entry_id))
 
 
 def test_a_message_that_is_no_envelope_keeps_its_raw_body_queue_and_addressee(store):
