@@ -444,3 +444,25 @@ def test_an_unreachable_redis_is_a_command_error_without_the_password(monkeypatc
     finally:
         monkeypatch.undo()
         conf.get_config.cache_clear()
+
+
+def test_a_release_with_the_broker_down_changes_nothing_and_a_rerun_releases(store):
+    from testproject.cluster import process_pointed_at
+
+    ids = [fail(arg="b1"), fail(arg="b2")]
+    before = {entry_id: store.get(entry_id) for entry_id in ids}
+    closed = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    quick = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1, "interval_max": 0.1}
+    with process_pointed_at({"CELERY_BROKER_URL": closed}, task_publish_retry_policy=quick):
+        refused("release", ids[0], match="cannot reach the Celery broker")
+        printed = refused("release", "--all", match="cannot reach the Celery broker")
+    assert "released" not in printed
+    # Every entry exactly as it was, in every index; no task re-created.
+    assert {entry_id: store.get(entry_id) for entry_id in ids} == before
+    assert store.size() == 2 and store.counts().total == 2
+    assert not any(store.client.exists(KEYS.task(entry_id)) for entry_id in ids)
+
+    out, _ = run("release", "--all")  # the broker is back
+    assert sorted(re.findall(r"released (\w+)", out)) == sorted(ids)
+    assert store.size() == 0
+    assert all(store.client.hget(KEYS.task(i), "state") == "queued" for i in ids)
