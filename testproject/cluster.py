@@ -257,7 +257,7 @@ def process_pointed_at(env: Mapping[str, str], **celery_conf: Any) -> Iterator[N
     saved_conf = {name: app.conf[name] for name in ("broker_url", "broker_transport", *celery_conf)}
     os.environ.update(env)
     url = env.get("CELERY_BROKER_URL", app.conf.broker_url)
-    app.conf.update(broker_url=url, broker_transport=broker_transport(url), **celery_conf)
+    app.conf.update({"broker_url": url, "broker_transport": broker_transport(url), **celery_conf})
     conf.get_config.cache_clear()
     reset_celery_connections(app)
     try:

@@ -188,6 +188,51 @@ def test_two_resurrectors_racing_dispatch_each_expired_task_once(redis_client):
     assert sum(r.resurrected for r in reports) == 200
 
 
+# What a producer runs: push, with the broker's publish replaced by the producer's
+# own SIGKILL, so it dies with the task stored and no message sent.
+_PUSH_THEN_DIE = """
+import os, signal, django
+django.setup()
+from relier_django.core import broker
+broker.send = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+from testproject.demo import tasks
+tasks.record.push("orphan")
+"""
+
+
+def test_a_producer_killed_between_store_and_send_loses_nothing(
+    fast_worker, redis_server, redis_client
+):
+    """operations.md: with the broker elsewhere (here another database), push stores,
+    then publishes. A producer that dies in between leaves a stored task that no
+    broker holds; the queued grace brings it back, fenced, and it runs once."""
+    import subprocess
+    import sys
+
+    from testproject.cluster import REPO_ROOT, worker_env
+
+    broker_url = redis_server.url.rsplit("/", 1)[0] + "/1"
+    elsewhere = {"CELERY_BROKER_URL": broker_url, "RELIER_QUEUED_GRACE_S": "2"}
+    fast_worker(extra_env=elsewhere)
+    producer = subprocess.run(
+        [sys.executable, "-c", _PUSH_THEN_DIE],
+        env=worker_env(redis_server.url, elsewhere),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        timeout=60,
+    )
+    assert producer.returncode == -signal.SIGKILL, producer.stderr.decode()[-2000:]
+    client = sync_client(config.current())
+    (task_key,) = client.keys(KEYS.task("*"))  # stored by the dead producer, never sent
+    task_id = task_key.split("{", 1)[1].removesuffix("}")  # rl:t:{<id>}
+    assert KEYS.task(task_id) == task_key
+
+    wait_until(lambda: client.exists(KEYS.result(task_id)), 60, what="the orphan to commit")
+    (run,) = client.lrange("demo:exec:orphan", 0, -1)  # once, as a new incarnation
+    assert run.startswith("2:")
+    assert json.loads(client.get(KEYS.result(task_id)))["result"]["fence"] == 2
+
+
 def test_redis_crash_and_restart_from_aof_mid_run_loses_nothing(
     fast_worker, redis_server, redis_client
 ):

@@ -4,6 +4,9 @@ transport on the store's own server and database (the test suite's setup)."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from pathlib import Path
 
 import redis
 
@@ -11,7 +14,7 @@ from relier_django.core import broker, config, idempotency, producer
 from relier_django.core.connection import sync_client
 from relier_django.core.keys import KeySpace
 from testproject.celery import app
-from testproject.cluster import process_pointed_at
+from testproject.cluster import CeleryWorker, RedisServer, process_pointed_at
 from testproject.demo import tasks
 
 KEYS = KeySpace("rl")
@@ -83,3 +86,38 @@ def test_kombus_global_keyprefix_is_applied_to_the_queue_list(redis_client, monk
 
 def _no_publish(*args, **kwargs):
     raise AssertionError("push published on its own: push.lua should have queued it")
+
+
+def test_over_a_unix_socket_a_push_is_stored_then_published_and_runs_once(monkeypatch):
+    """The fallback architecture.md names for a unix socket: push.lua cannot queue the
+    message (the lane is TCP only), so push stores, then publishes through kombu."""
+    directory = Path(tempfile.mkdtemp(prefix="rl-sock"))  # short: a socket path has a limit
+    sock = directory / "redis.sock"
+    server = RedisServer(directory=directory, extra_args=("--unixsocket", str(sock))).start()
+    relier_url, broker_url = f"unix://{sock}?db=0", f"redis+socket://{sock}"
+    worker = CeleryWorker(
+        redis_url=relier_url,
+        log_dir=directory,
+        extra_env={"CELERY_BROKER_URL": broker_url, "CELERY_BROKER_TRANSPORT": "redis"},
+    )
+    sent = []
+    real_send = broker.send
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        sent.append(args[1].id)
+        return real_send(*args, **kwargs)
+
+    monkeypatch.setattr(broker, "send", counted)
+    try:
+        worker.start()
+        env = {"RELIER_REDIS_URL": relier_url, "CELERY_BROKER_URL": broker_url}
+        with process_pointed_at(env, broker_transport="redis"):
+            receipt = tasks.record.push("over-a-socket")
+            assert sent == [receipt.task_id]  # published by kombu, not by push.lua
+            assert receipt.get(timeout=30)["runs"] == 1
+        with redis.Redis(unix_socket_path=str(sock), decode_responses=True) as client:
+            assert client.llen("demo:exec:over-a-socket") == 1
+    finally:
+        worker.stop()
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
