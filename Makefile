@@ -19,6 +19,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # The whole suite: unit, integration and chaos markers, after lint.
 test: setup lint

@@ -22,7 +22,7 @@ from .models import MANAGE_PERMISSION, VIEW_PERMISSION, DeadLetter
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class DeadLetterAdmin(admin.ModelAdmin):
     def has_view_permission(self, request: HttpRequest, obj: object = None) -> bool:
         user = request.user
         return bool(user.is_active and user.is_staff and user.has_perm(VIEW_PERMISSION))
@@ -47,7 +47,8 @@ class DeadLetterAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def get_urls(self) -> list[URLPattern]:
         def wrap(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
             bound: Any = functools.partial(view, model_admin=self)
-            return self.admin_site.admin_view(bound)
+            wrapped: Callable[..., HttpResponse] = self.admin_site.admin_view(bound)
+            return wrapped
 
         info = f"{self.opts.app_label}_{self.opts.model_name}"
         # <path:>, not <str:>: a task id (and so an entry id) may contain a slash.

@@ -85,7 +85,8 @@ def _query(**params: str | None) -> str:
 
 def _url(model_admin: DeadLetterAdmin, page: str, *args: str) -> str:
     name = f"admin:{model_admin.opts.app_label}_{model_admin.opts.model_name}_{page}"
-    return reverse(name, args=args, current_app=model_admin.admin_site.name)
+    url: str = reverse(name, args=args, current_app=model_admin.admin_site.name)
+    return url
 
 
 def _require(allowed: bool) -> None:

@@ -89,7 +89,7 @@ def _default_scope(view: Callable[..., Any]) -> str:
         return f"{view_class.__module__}.{view_class.__qualname__}"
     method = getattr(view, "func", None)
     owner = getattr(method, "__self__", None)
-    if owner is not None and not isinstance(owner, type):
+    if method is not None and owner is not None and not isinstance(owner, type):
         cls = type(owner)
         return f"{cls.__module__}.{cls.__qualname__}.{method.__name__}"
     module, name = getattr(view, "__module__", None), getattr(view, "__qualname__", None)

@@ -203,7 +203,7 @@ def _on_task_unknown(sender: Any = None, message: Any = None, name: str = "", **
     except Exception:  # an undecodable body is not ours to judge; Celery already logged it
         return
     args = body[0] if isinstance(body, list | tuple) and body else None
-    if fence_of(args) is None:
+    if args is None or fence_of(args) is None:
         return  # not an @rl_task message
     hostname = getattr(sender, "hostname", None)
     runner = Runner(None, getattr(sender, "app", None), config.current(), worker_id(hostname))

@@ -126,7 +126,7 @@ def _master_options(config: Config) -> dict[str, Any]:
     Host and port come from the sentinels, so they are dropped; ``rediss://`` becomes
     ``ssl=True``, which makes redis-py pick its Sentinel-managed TLS connection class.
     """
-    options = redis.connection.parse_url(config.redis_url)
+    options: dict[str, Any] = redis.connection.parse_url(config.redis_url)
     for name in ("host", "port", "connection_class"):
         options.pop(name, None)
     if urlsplit(config.redis_url).scheme == "rediss":
@@ -236,7 +236,8 @@ def _build_sync(config: Config, fail_fast: bool) -> redis.Redis:
         return client
     manager, master = _sentinel(config, options, redis.sentinel.Sentinel, redis.retry.Retry)
     assert config.sentinel_master is not None  # Config refuses sentinels without it
-    return manager.master_for(config.sentinel_master, retry=retry, **master)
+    master_client: redis.Redis = manager.master_for(config.sentinel_master, retry=retry, **master)
+    return master_client
 
 
 def _build_async(
@@ -334,7 +335,7 @@ async def connection_options(config: Config) -> dict[str, Any]:
     Raises:
         redis.sentinel.MasterNotFoundError: no sentinel names a healthy master.
     """
-    options = redis.connection.parse_url(config.redis_url)
+    options: dict[str, Any] = redis.connection.parse_url(config.redis_url)
     if not config.sentinels:
         return options
     manager, _ = _sentinel(

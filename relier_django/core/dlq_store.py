@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import redis
 
@@ -138,7 +139,8 @@ class DeadLetterStore:
 
     def get(self, entry_id: str) -> Entry | None:
         """The whole entry, or None if no entry has this id (or it is being released)."""
-        fields = self.client.hgetall(self.keys.dlq_entry(entry_id))
+        # The store's clients decode replies (connection.py): every reply is str.
+        fields = cast("dict[str, str]", self.client.hgetall(self.keys.dlq_entry(entry_id)))
         if not fields or "entry" not in fields or "releasing" in fields:
             return None
         return Entry.from_fields(entry_id, fields)
@@ -188,7 +190,10 @@ class DeadLetterStore:
         if not 1 <= limit <= MAX_PAGE:
             raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
         low, high = lex_range(query, cursor)
-        members = self.client.zrangebylex(self.keys.dlq_lex, low, high, start=0, num=limit + 1)
+        members = cast(
+            "list[str]",
+            self.client.zrangebylex(self.keys.dlq_lex, low, high, start=0, num=limit + 1),
+        )
         ids = [m.rsplit("\x1f", 1)[1] for m in members[:limit]]
         summaries = self._summaries(ids)
         more = len(members) > limit
@@ -240,7 +245,10 @@ class DeadLetterStore:
         deleted = 0
         kept: set[str] = set()
         while True:
-            ids = self.client.zrangebyscore(self.keys.dlq, "-inf", cutoff, start=0, num=batch)
+            ids = cast(
+                "list[str]",
+                self.client.zrangebyscore(self.keys.dlq, "-inf", cutoff, start=0, num=batch),
+            )
             # A batch released under us leaves the index, so the next read moves on;
             # only ids the script refused while still indexed could come back forever.
             if not ids or kept.issuperset(ids):

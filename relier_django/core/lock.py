@@ -268,8 +268,11 @@ async def _arun(steps: Steps[T], client: redis.asyncio.Redis) -> T:
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         try:
-            is_call = isinstance(step, scripts.ScriptCall)
-            reply = await (step.arun(client) if is_call else asyncio.sleep(step))
+            if isinstance(step, scripts.ScriptCall):
+                reply = await step.arun(client)
+            else:
+                await asyncio.sleep(step)
+                reply = None
         except Exception as exc:
             reply = exc
 

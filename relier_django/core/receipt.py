@@ -12,7 +12,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 from . import bridge, outcome
 from .config import Config
@@ -192,7 +192,7 @@ class Receipt:
         while True:
             record = client.get(key)
             if record is not None:
-                return outcome.read(self.duplicate_of or self._task_id, record)
+                return outcome.read(self.duplicate_of or self._task_id, cast(str, record))
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"task {self._task_id}: no outcome within {timeout}s")
             time.sleep(pause)
@@ -207,7 +207,7 @@ class Receipt:
         while True:
             record = await client.get(key)
             if record is not None:
-                return outcome.read(self.duplicate_of or self._task_id, record)
+                return outcome.read(self.duplicate_of or self._task_id, cast(str, record))
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"task {self._task_id}: no outcome within {timeout}s")
             await asyncio.sleep(pause)

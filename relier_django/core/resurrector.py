@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -113,10 +113,11 @@ class Resurrector:
         """Up to ``resurrect_batch`` ids whose deadline passed, by the Redis clock."""
         seconds, micros = self.client.time()
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        return list(
+        return cast(
+            "list[str]",  # a client that decodes replies (connection.py)
             self.client.zrangebyscore(
                 self.keys.expiry, "-inf", now_ms, start=0, num=self.config.resurrect_batch
-            )
+            ),
         )
 
     def recovery_depth(self) -> int:

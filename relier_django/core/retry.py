@@ -14,5 +14,5 @@ def backoff_s(attempt: int, base_s: float, cap_s: float, rng: random.Random | No
     """
     if base_s <= 0:
         return 0.0
-    step = min(cap_s, base_s * 2 ** (attempt - 1))
+    step = min(cap_s, base_s * 2.0 ** (attempt - 1))
     return step / 2 + (rng or random).uniform(0, step / 2)

@@ -18,7 +18,7 @@ from .schema import Migration, Schema
 from .spec import TaskSpec
 
 
-class RelierTask(Task):  # type: ignore[misc]
+class RelierTask(Task):
     """The Celery task class behind every ``@rl_task``.
 
     Celery's own ``delay()`` and ``apply_async()`` would send the bare arguments and

@@ -12,7 +12,7 @@ import json
 import re
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -168,11 +168,12 @@ class Command(BaseCommand):
         _json_flag(sub.add_parser("stats", help="counts by reason and task; oldest, newest"))
 
     def handle(self, *args: Any, subcommand: str, **options: Any) -> None:
-        run = {
+        runs: dict[str, Callable[..., None]] = {
             "list": self._list, "inspect": self._inspect, "release": self._release,
             "delete": self._delete, "purge": self._purge, "export": self._export,
             "stats": self._stats,
-        }[subcommand]  # fmt: skip
+        }  # fmt: skip
+        run = runs[subcommand]
         try:
             run(**options)
         except (RedisConnectionError, RedisTimeoutError) as exc:
