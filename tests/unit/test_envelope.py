@@ -50,6 +50,18 @@ def test_a_changed_argument_fails_the_checksum():
     assert err.value.raw == json.dumps(body)
 
 
+@pytest.mark.parametrize("signer", [None, Signer([NEW])], ids=["unsigned", "signed"])
+def test_an_empty_checksum_on_an_already_parsed_body_is_refused(signer):
+    # A body handed over parsed (a dict, not the text as sent) has no bytes to hash
+    # the fast way; an empty claimed checksum once matched that empty "nothing".
+    body = json.loads(ENV.encode(signer))
+    body["args"] = ["a", 1_000_000]
+    body["sha256"] = ""
+    with pytest.raises(EnvelopeError, match="checksum mismatch") as err:
+        decode(body, signer)
+    assert err.value.reason == "payload_integrity"
+
+
 def test_a_message_not_in_canonical_form_still_verifies_the_slow_way():
     # Another producer may re-serialise (spaces, key order): the checksum is over the
     # canonical body, not over the bytes as sent.
