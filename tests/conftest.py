@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from testproject.cluster import CeleryWorker, RedisServer, reset_celery_connections
+from testproject.lostreply import LostReplyProxy
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -112,3 +113,13 @@ def worker_factory(
 def worker(worker_factory: WorkerFactory) -> CeleryWorker:
     """One real prefork worker, concurrency 2, on the private Redis."""
     return worker_factory()
+
+
+@pytest.fixture
+def lost_reply(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[LostReplyProxy]:
+    """A proxy in front of the session's Redis (flushed, as ``redis_client`` does) that
+    can lose a script's reply; ``config_through(proxy)`` points relier's clients at it.
+    See testproject/lostreply.py. A frame the proxy could not parse fails the test."""
+    with LostReplyProxy(redis_server.url) as proxy:
+        yield proxy
+    assert not proxy.protocol_errors, f"the proxy met malformed RESP: {proxy.protocol_errors}"
