@@ -28,7 +28,7 @@ def fail(
     env = producer.prepare(task.relier_spec, args or ("x",), {}, task_id)
     assert idempotency.store(keys, env, env.encode(), 60_000, 3).run(client).stored
     failure = Failure(reason, "ValueError", message, traceback_of(message), worker="w1@host:1")
-    assert dlq.dead_letter(keys, failure, 60_000, env=env).run(client).accepted
+    assert dlq.dead_letter(keys, failure, 60_000, env=env, held="queued").run(client).accepted
     return env
 
 

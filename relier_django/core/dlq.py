@@ -6,6 +6,7 @@ paging, counting and deleting are in ``dlq_store``, release in ``release``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -88,6 +89,12 @@ def _entry(
     return canonical(body)
 
 
+def _message_entry_id(raw: object) -> str:
+    # The same body gets the same entry: a message delivered twice is filed once.
+    text = raw if isinstance(raw, str) else repr(raw)
+    return "msg-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 def _summary(failure: Failure) -> str:
     # One line for listings; the entry keeps the whole message and traceback.
     text = " ".join((failure.error or "").split())
@@ -116,6 +123,7 @@ def dead_letter(
     task: str = "",
     signer: Signer | None = None,
     stored: StoredTask | None = None,
+    held: str = "running",
 ) -> scripts.ScriptCall[Transition]:
     """dead_letter.lua. With ``env`` the move is fenced to that incarnation and the
     task's working keys go with it; without, only the entry is written: a message
@@ -127,6 +135,12 @@ def dead_letter(
     Redis, a key removed too early), described by its task hash: the move is fenced
     to it, its working keys and idempotency claim go, as with ``env``, and the entry
     keeps the ``raw`` text.
+
+    ``held``: the state the caller holds the task in (``running``, ``queued`` for a
+    message refused before it started, ``dying`` for the scanner's lease); a task in
+    any other state is left alone, so a second copy of a message cannot take a task
+    from the copy that runs it. A message tied to no task is filed under an id
+    derived from its body: a second copy of it finds its entry and adds nothing.
     """
     idem: str | None = None
     if env is not None:
@@ -138,8 +152,9 @@ def dead_letter(
         fence = str(stored.fence)
         task, queue, idem = stored.task, stored.queue, stored.idem_key
     else:
-        entry_id = task_id = f"msg-{uuid.uuid4()}"
+        entry_id = task_id = _message_entry_id(raw)
         fence = ""
+        held = ""
     tail = history_tail(
         "dead",
         fence=env.fence if env else None,
@@ -162,6 +177,8 @@ def dead_letter(
             str(failure.reason),
             env.queue if env is not None else queue,
             _summary(failure),
+            held,
+            uuid.uuid4().hex,
         ],
         parse_transition,
     )

@@ -8,6 +8,7 @@ with any filter: the cost does not grow with the DLQ. Entries leave only through
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -265,10 +266,11 @@ class DeadLetterStore:
         ids = list(wanted)
         if not ids:
             return []
-        args: list[scripts.Arg] = ["" if max_at_ms is None else max_at_ms]
+        args: list[scripts.Arg] = ["" if max_at_ms is None else max_at_ms, scripts.REPLAY_WINDOW_MS]
         for entry_id, fence in wanted.items():
             args += [entry_id, "" if fence is None else fence]
-        done = scripts.DLQ_DELETE.run(self.client, self.keys.for_dlq_delete(ids), args)
+        token = uuid.uuid4().hex
+        done = scripts.DLQ_DELETE.run(self.client, self.keys.for_dlq_delete(ids, token), args)
         deleted = [entry_id for entry_id, ok in zip(ids, done, strict=True) if int(ok)]
         for entry_id in deleted:  # the entry id is its task's id
             checkpoint.remove_files(self.checkpoint_dir, entry_id)

@@ -83,10 +83,11 @@ class Transition:
 
     accepted: bool
     value: int  # the new fence for retry, the current fence when refused (-1: gone)
+    state: str = ""  # when refused by a script that checks it: the state found
 
 
 def parse_transition(reply: list[Any]) -> Transition:
-    return Transition(int(reply[0]) == 1, int(reply[1]))
+    return Transition(int(reply[0]) == 1, int(reply[1]), str(reply[2]) if len(reply) > 2 else "")
 
 
 def commit(
@@ -120,7 +121,7 @@ def retry(
     return scripts.ScriptCall(
         scripts.RETRY,
         keys.for_retry(env.id),
-        [env.id, env.fence, encoded, delay_ms, grace_ms, tail],
+        [env.id, env.fence, encoded, delay_ms, grace_ms, tail, uuid.uuid4().hex],
         parse_transition,
     )
 

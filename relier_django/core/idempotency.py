@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,23 +58,33 @@ def store(
     max_resurrections: int,
     admission: Sequence[Limit] = (),
     message: tuple[str, str] | None = None,
+    *,
+    token: str | None = None,
 ) -> scripts.ScriptCall[StoreResult]:
     """push.lua: admit (if limited), claim (if idempotent), store, mint fence 1; with
-    ``message`` (the broker's list and the message for it), queue it in the same step."""
+    ``message`` (the broker's list and the message for it), queue it in the same step.
+    ``token`` names this push call (the same for every try of it; a fresh one when
+    omitted): :func:`abort` with it undoes the store only if no other call was told
+    "stored"."""
     idem = keys.idempotency(envelope.task, envelope.idem_key) if envelope.idem_key else None
     queue_list, payload = message if message is not None else (None, "")
     return scripts.ScriptCall(
         scripts.PUSH,
         keys.for_push(envelope.id, idem, [limit.key for limit in admission], queue_list),
         [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms, max_resurrections,
-         *admission_args(admission), payload],
+         *admission_args(admission), payload, token or uuid.uuid4().hex],
         _parse_store,
     )  # fmt: skip
 
 
-def abort(keys: KeySpace, envelope: Envelope) -> scripts.ScriptCall[bool]:
-    """abort.lua: undo a push whose send failed, if nothing has moved since."""
+def abort(keys: KeySpace, envelope: Envelope, token: str) -> scripts.ScriptCall[bool]:
+    """abort.lua: undo the push ``token`` made, whose send failed, if nothing has moved
+    since and no other push of the same envelope counts on it. True: nothing of it is
+    left in the store."""
     idem = keys.idempotency(envelope.task, envelope.idem_key) if envelope.idem_key else None
     return scripts.ScriptCall(
-        scripts.ABORT, keys.for_abort(envelope.id, idem), [envelope.id], lambda r: bool(int(r))
+        scripts.ABORT,
+        keys.for_abort(envelope.id, idem),
+        [envelope.id, token],
+        lambda r: bool(int(r)),
     )

@@ -18,6 +18,8 @@ returns its KEYS in the order its ``.lua`` header declares.
 | ``<p>:resurrector:leader``  | string | scanner leader lease; TTL, extended by its holder       |
 | ``<p>:lock:{name}``         | string | a named lock's holder token; TTL, extended by its holder |
 | ``<p>:lock:{name}:token``   | string | a named lock's fencing counter; no TTL, never goes back  |
+| ``<p>:lock:{name}:by``      | string | attempt id that took the current token; TTL one lock TTL |
+| ``<p>:rcpt:<token>``        | string | a call's reply, for its replay after a lost reply; TTL   |
 | ``<p>:rl:{<scope>:<sha256>}`` | hash | a rate limiter's window {w, c, p}; TTL 2 windows        |
 """
 
@@ -85,6 +87,15 @@ class KeySpace:
         # Same hash tag as the lock key: lock_acquire.lua reads both in one step.
         return f"{self.prefix}:lock:{{{name}}}:token"
 
+    def lock_by(self, name: str) -> str:
+        # Same hash tag: lock_acquire.lua answers a replay of its own call from it.
+        return f"{self.prefix}:lock:{{{name}}}:by"
+
+    def receipt(self, token: str) -> str:
+        # The reply of a call whose own evidence is gone once it ran (a delete), kept
+        # under the call's token so that its replay after a lost reply answers the same.
+        return f"{self.prefix}:rcpt:{token}"
+
     def ratelimit(self, scope: str, key: str) -> str:
         # One fixed name per limiter: the window index lives inside the hash, because
         # only ratelimit.lua knows it (Redis TIME). The key (an IP, a user id, any
@@ -105,6 +116,8 @@ class KeySpace:
             f"{self.prefix}:i:*",
             f"{self.prefix}:rl:*",
             f"{self.prefix}:adm:*",
+            self.lock_by("*"),
+            self.receipt("*"),
         )
 
     def owned_patterns(self) -> tuple[str, ...]:
@@ -169,13 +182,13 @@ class KeySpace:
         return [self.leader]
 
     def for_lock_acquire(self, name: str) -> list[str]:
-        return [self.lock(name), self.lock_token(name)]
+        return [self.lock(name), self.lock_token(name), self.lock_by(name)]
 
     def for_lock_extend(self, name: str) -> list[str]:
         return [self.lock(name)]
 
     def for_lock_release(self, name: str) -> list[str]:
-        return [self.lock(name)]
+        return [self.lock(name), self.lock_token(name)]
 
     def for_ratelimit(self, scope: str, key: str) -> list[str]:
         return [self.ratelimit(scope, key)]
@@ -216,5 +229,6 @@ class KeySpace:
         ]
         return [*keys, idem_key] if idem_key else keys
 
-    def for_dlq_delete(self, entry_ids: list[str]) -> list[str]:
-        return [self.dlq, self.dlq_lex, self.dlq_counts, *(self.dlq_entry(e) for e in entry_ids)]
+    def for_dlq_delete(self, entry_ids: list[str], token: str) -> list[str]:
+        return [self.dlq, self.dlq_lex, self.dlq_counts, self.receipt(token),
+                *(self.dlq_entry(e) for e in entry_ids)]  # fmt: skip

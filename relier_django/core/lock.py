@@ -12,6 +12,7 @@ import functools
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -33,8 +34,10 @@ Steps = Generator[scripts.ScriptCall[Any] | float, Any, T]  # yield: a script, o
 
 
 def try_acquire(keys: KeySpace, name: str, ttl_ms: int) -> scripts.ScriptCall[int]:
-    """The new fencing token, or 0 when another holder has the lock."""
-    return scripts.ScriptCall(scripts.LOCK_ACQUIRE, keys.for_lock_acquire(name), [ttl_ms], int)
+    """The new fencing token, or 0 when another holder has the lock. The call carries
+    an attempt id, so its replay after a lost reply answers the token it took."""
+    keys_, attempt = keys.for_lock_acquire(name), uuid.uuid4().hex
+    return scripts.ScriptCall(scripts.LOCK_ACQUIRE, keys_, [ttl_ms, attempt], int)
 
 
 def extend(keys: KeySpace, name: str, token: int, ttl_ms: int) -> scripts.ScriptCall[bool]:
@@ -44,7 +47,7 @@ def extend(keys: KeySpace, name: str, token: int, ttl_ms: int) -> scripts.Script
 
 
 def release_if_held(keys: KeySpace, name: str, token: int) -> scripts.ScriptCall[bool]:
-    """True when ``token`` held the lock and it is now free."""
+    """True when the lock is free and no holder came after ``token``."""
     keys_ = keys.for_lock_release(name)
     return scripts.ScriptCall(scripts.LOCK_RELEASE, keys_, [token], lambda r: int(r) == 1)
 

@@ -10,8 +10,10 @@ from .envelope import canonical
 from .errors import TaskFailed
 
 
-def succeeded(result: Any) -> str:
-    return canonical({"status": "ok", "result": result})
+def succeeded(result: Any, fence: int) -> str:
+    # The fence names the incarnation that committed: commit.lua recognises a replay
+    # of its own call by it (the task hash it checked is gone by then).
+    return canonical({"status": "ok", "result": result, "fence": fence})
 
 
 def failed(reason: str, error: str | None, entry_id: str) -> str:

@@ -96,6 +96,9 @@ class _Push:
     env: Envelope
     encoded: str
     keys: KeySpace
+    # Names this push call in push.lua and abort.lua; every try of the call (a
+    # client retry, an on-commit retry) reuses it.
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @classmethod
     def begin(
@@ -110,7 +113,9 @@ class _Push:
         limit = self.spec.max_resurrections
         limit = self.cfg.max_resurrections if limit is None else limit
         gates = admission.limits(self.keys, self.cfg, self.spec.name, self.spec.rate_limit)
-        return idempotency.store(self.keys, self.env, self.encoded, grace_ms, limit, gates, message)
+        return idempotency.store(
+            self.keys, self.env, self.encoded, grace_ms, limit, gates, message, token=self.token
+        )
 
     def duplicate(self, stored: idempotency.StoreResult) -> Receipt | None:
         """The receipt of an idempotent duplicate, or None when this push was stored."""
@@ -159,7 +164,7 @@ class _Push:
             try:
                 broker.send(app, self.env, self.encoded)
             except BaseException:
-                idempotency.abort(self.keys, self.env).run(client)
+                idempotency.abort(self.keys, self.env, self.token).run(client)
                 raise
         return self.receipt()
 
@@ -172,7 +177,7 @@ class _Push:
             try:
                 await broker.asend(app, self.env, self.encoded)
             except BaseException:
-                await idempotency.abort(self.keys, self.env).arun(client)
+                await idempotency.abort(self.keys, self.env, self.token).arun(client)
                 raise
         return self.receipt()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +85,7 @@ def release(app: Any, config: Config, entry_id: str, expected_fence: int | None 
          _max_resurrections(app, env.task, config), grace_ms, tail,
          # Always the failure just read: the new fence is derived from its envelope,
          # so a newer failure landing before the script runs must refuse this release.
-         env.fence],
+         env.fence, uuid.uuid4().hex],
         int,
     ).run(client)  # fmt: skip
     if code == 0:

@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import threading
 import time
+import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -212,7 +213,7 @@ class Resurrector:
         lease_ms = int(self.config.resurrect_lease_s * 1000)
         return scripts.ScriptCall(
             scripts.RESURRECT, self.keys.for_resurrect(ids),
-            [lease_ms, self.scanner_id, *ids],
+            [lease_ms, self.scanner_id, uuid.uuid4().hex, *ids],
             lambda replies: [_parse_lease(i, r) for i, r in zip(ids, replies, strict=True)],
         ).run(self.client)  # fmt: skip
 
@@ -249,7 +250,8 @@ class Resurrector:
             # come back out with a valid signature.
             env = decode(lease.env, self.config.signer)
         except EnvelopeError as exc:
-            return self._dead_letter_unreadable(lease.stored, lease.env, exc)
+            held = "dying" if lease.code == 2 else "queued"
+            return self._dead_letter_unreadable(lease.stored, lease.env, exc, held)
         if lease.code == 2:
             # The stored copy may be as pushed: fence and count are the task hash's.
             dying = dataclasses.replace(env, fence=lease.fence, resurrections=lease.resurrections)
@@ -314,7 +316,9 @@ class Resurrector:
             )
         return sum(recorded)
 
-    def _dead_letter_unreadable(self, stored: dlq.StoredTask, raw: str, exc: EnvelopeError) -> str:
+    def _dead_letter_unreadable(
+        self, stored: dlq.StoredTask, raw: str, exc: EnvelopeError, held: str
+    ) -> str:
         # Nothing can run it again, and leaving it would re-lease it every pass forever:
         # the DLQ keeps the stored text for an operator, with the reason.
         failure = Failure(
@@ -322,7 +326,9 @@ class Resurrector:
             f"the stored copy of the task cannot be read: {exc}", worker=self.scanner_id,
         )  # fmt: skip
         ttl_ms = int(self.config.result_ttl_s * 1000)
-        call = dlq.dead_letter(self.keys, failure, ttl_ms, env=None, raw=raw, stored=stored)
+        call = dlq.dead_letter(
+            self.keys, failure, ttl_ms, env=None, raw=raw, stored=stored, held=held
+        )
         if call.run(self.client).accepted:
             logger.error(
                 "dead-lettered task_id=%s reason=%s: stored envelope unreadable: %s",
@@ -341,7 +347,9 @@ class Resurrector:
             worker=self.scanner_id,
         )  # fmt: skip
         ttl_ms = int(self.config.result_ttl_s * 1000)
-        call = dlq.dead_letter(self.keys, failure, ttl_ms, env=env, signer=self.config.signer)
+        call = dlq.dead_letter(
+            self.keys, failure, ttl_ms, env=env, signer=self.config.signer, held="dying"
+        )
         moved = call.run(self.client)
         if moved.accepted:
             logger.error("dead-lettered task_id=%s reason=resurrection_limit", env.id)

@@ -87,6 +87,9 @@ class Runner:
                     f"no task named {env.task!r} on worker {self.worker}",
                     worker=self.worker,
                 ),
+                # Not started here: only a task still waiting for its start is ours to
+                # file (another copy may be running it on a worker that knows it).
+                held="queued",
             )
             return
         await self._incarnation(self.spec, env)
@@ -132,7 +135,7 @@ class Runner:
             return
         finally:
             beats.remove(env.id, env.fence)
-        record = self._record(result)
+        record = self._record(result, env.fence)
         if isinstance(record, Failure):
             bridge.run(self._dead(env, record))
             return
@@ -276,7 +279,7 @@ class Runner:
         return call
 
     async def _commit(self, env: Envelope, result: Any) -> None:
-        record = self._record(result)
+        record = self._record(result, env.fence)
         if isinstance(record, Failure):
             await self._dead(env, record)
             return
@@ -284,11 +287,13 @@ class Runner:
         if self._committed(env, done) and self.config.checkpoint_dir is not None:
             await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
 
-    def _record(self, result: Any) -> str | Failure:
+    def _record(self, result: Any, fence: int) -> str | Failure:
         """The result as committed, or the DLQ failure of one that is not JSON."""
         try:
-            return outcome.succeeded(result)
-        except (TypeError, ValueError) as exc:
+            return outcome.succeeded(result, fence)
+        except (TypeError, ValueError, RecursionError) as exc:
+            # RecursionError: nested deeper than json can write. Uncaught, it would
+            # escape the runner and the task would come back until resurrection_limit.
             return Failure(
                 Reason.RESULT_NOT_SERIALIZABLE,
                 type(exc).__name__,
@@ -369,12 +374,14 @@ class Runner:
         failure = Failure(Reason.MALFORMED_MESSAGE, "NotAnEnvelope", detail, worker=self.worker)
         await self._dead(None, failure, raw=raw)
 
-    async def _dead(self, env: Envelope | None, failure: Failure, raw: object = None) -> None:
+    async def _dead(
+        self, env: Envelope | None, failure: Failure, raw: object = None, held: str = "running"
+    ) -> None:
         # A message that is no envelope is filed under the task it was addressed to.
         task = self.spec.name if self.spec is not None else ""
         call = dlq.dead_letter(
             self.keys, failure, self.result_ttl_ms, env=env, raw=raw, queue=self.queue,
-            task=task, signer=self.signer,
+            task=task, signer=self.signer, held=held,
         )  # fmt: skip
         moved = await call.arun(self.client)
         if moved.accepted:
@@ -386,8 +393,10 @@ class Runner:
             )
         else:
             logger.warning(
-                "stale dead-letter rejected task_id=%s fence=%s current_fence=%s",
+                "dead-letter refused task_id=%s fence=%s current_fence=%s state=%s held=%s",
                 env and env.id,
                 env and env.fence,
                 moved.value,
+                moved.state or "-",
+                held,
             )

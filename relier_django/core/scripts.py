@@ -21,6 +21,10 @@ from .connection import fast_lane
 T = TypeVar("T")
 Arg = str | int | float | bytes
 
+# How long a call's receipt (keys.receipt) is kept for its replay: far longer than any
+# client's retry budget, short enough that receipts never pile up.
+REPLAY_WINDOW_MS = 600_000
+
 
 @dataclass(frozen=True, slots=True)
 class LuaScript:

@@ -60,7 +60,7 @@ def fabricate_neighbours() -> None:
         assert idempotency.store(keys, env, env.encode(), 60_000, 3).run(client).stored
         trace = f'Traceback (most recent call last):\n  File "tasks.py"\n{exc_type}: {message}'
         failure = Failure(reason, exc_type, message, traceback=trace, worker="celery@web-2")
-        assert dlq.dead_letter(keys, failure, 60_000, env=env).run(client).accepted
+        assert dlq.dead_letter(keys, failure, 60_000, env=env, held="queued").run(client).accepted
     malformed = Failure(Reason.MALFORMED_MESSAGE, "EnvelopeError", "not JSON")
     call = dlq.dead_letter(keys, malformed, 60_000, env=None, raw="{oops", queue="celery")
     assert call.run(client).accepted

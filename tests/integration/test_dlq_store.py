@@ -259,7 +259,7 @@ def test_release_leaves_the_indexes_and_a_second_failure_keeps_the_first_time(st
     fresh = decode(client.hget(KEYS.task(receipt.task_id), "env"))
     failure = Failure(Reason.EXCEPTION, "ValueError", "again", worker="w:2")
     time.sleep(0.01)
-    assert dlq.dead_letter(KEYS, failure, 60_000, env=fresh).run(client).accepted
+    assert dlq.dead_letter(KEYS, failure, 60_000, env=fresh, held="queued").run(client).accepted
     second = store.get(env.id).summary
     assert second.failures == 2 and second.fence == first.fence + 1
     assert second.first_failed_at_ms == first.failed_at_ms < second.failed_at_ms
@@ -295,12 +295,12 @@ def test_a_failure_during_a_release_is_not_erased_when_the_release_completes(sto
     code = scripts.ScriptCall(
         scripts.RELEASE,
         KEYS.for_release(env.id, env.id, None),
-        [env.id, env.id, nxt.encode(), 2, env.task, env.queue, 3, 60_000, tail, 1],
+        [env.id, env.id, nxt.encode(), 2, env.task, env.queue, 3, 60_000, tail, 1, "release-1"],
         int,
     ).run(client)
     assert code == 1
     failure = Failure(Reason.EXCEPTION, "ValueError", "again")
-    assert dlq.dead_letter(KEYS, failure, 60_000, env=nxt).run(client).accepted
+    assert dlq.dead_letter(KEYS, failure, 60_000, env=nxt, held="queued").run(client).accepted
     done = scripts.ScriptCall(scripts.RELEASE_DONE, KEYS.for_release_done(env.id), [2], int).run(
         client
     )

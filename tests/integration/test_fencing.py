@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from relier_django.core import broker, config, fencing, idempotency, producer
+from relier_django.core import broker, config, dlq, fencing, idempotency, outcome, producer
 from relier_django.core.connection import sync_client
+from relier_django.core.dlq import Failure, Reason
 from relier_django.core.envelope import decode
 from relier_django.core.keys import KeySpace
 from testproject.celery import app
@@ -137,3 +138,32 @@ def test_a_running_def_incarnation_learns_it_was_superseded_and_cannot_commit(
     line = f"stale commit rejected task_id={receipt.task_id} fence=1 current_fence=2"
     wait_until(lambda: line in worker.log_text(), 10, what="the refused commit")
     assert client.get(KEYS.result(receipt.task_id)) is None
+
+
+def test_a_copy_refused_before_its_start_cannot_dead_letter_the_running_copy(redis_client):
+    """G10: a second copy of the running incarnation reaching a worker that lacks the
+    task (a rolling deploy) files it only while it waits for its start. Here it runs:
+    the dead-letter is refused, the task, its claim and its commit stand."""
+    client = sync_client(config.current())
+    env = producer.prepare(tasks.charge.relier_spec, ("o-dup", 1), {})
+    idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client)
+    assert fencing.start(KEYS, env, "w:1", 10_000).run(client).started
+    failure = Failure(Reason.UNKNOWN_TASK, "NotRegistered", "no task here", worker="w:2")
+    refused = dlq.dead_letter(KEYS, failure, 60_000, env=env, held="queued").run(client)
+    assert (refused.accepted, refused.value, refused.state) == (False, env.fence, "running")
+    assert client.zcard(KEYS.dlq) == 0
+    assert client.get(KEYS.idempotency(env.task, env.idem_key)) == env.id
+    record = outcome.succeeded(1, env.fence)
+    assert fencing.commit(KEYS, env, record, 60_000).run(client).accepted
+
+
+def test_a_copy_refused_while_the_task_waits_is_dead_lettered_once(redis_client):
+    """Not started anywhere: the refused copy files it, and the other copy then finds
+    the task gone (one outcome, the DLQ entry)."""
+    client = sync_client(config.current())
+    env = producer.prepare(tasks.record.relier_spec, ("o-wait",), {})
+    idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client)
+    failure = Failure(Reason.UNKNOWN_TASK, "NotRegistered", "no task here", worker="w:2")
+    assert dlq.dead_letter(KEYS, failure, 60_000, env=env, held="queued").run(client).accepted
+    assert fencing.start(KEYS, env, "w:1", 10_000).run(client).refusal == "gone"
+    assert client.zcard(KEYS.dlq) == 1

@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 import redis
 
 from relier_django.core import broker, config, idempotency, producer
@@ -121,3 +122,47 @@ def test_over_a_unix_socket_a_push_is_stored_then_published_and_runs_once(monkey
         worker.stop()
         server.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_replay_that_fails_to_publish_never_undoes_the_identical_one_that_sent(
+    redis_server, redis_client, monkeypatch
+):
+    """G1/G10: two replay()s of one logged envelope (a broker apart from the store): the
+    second is told "stored" too, and when its publish fails, its undo must not delete
+    the task whose message the first one sent (that message would be refused as gone:
+    no run, no DLQ entry)."""
+    other_db = redis_server.url.rsplit("/", 1)[0] + "/5"
+    broker_db = redis.Redis.from_url(other_db)
+    try:
+        with process_pointed_at({"CELERY_BROKER_URL": other_db}):
+            env = producer.prepare(tasks.record.relier_spec, ("replayed-twice",), {})
+            text = env.encode()
+            assert producer.replay(app, text).task_id == env.id
+            monkeypatch.setattr(broker, "send", _broker_down)
+            with pytest.raises(ConnectionError, match="broker down"):
+                producer.replay(app, text)
+        (raw,) = broker_db.lrange("celery", 0, -1)
+        assert json.loads(raw)["headers"]["id"] == env.id
+        assert redis_client.hget(KEYS.task(env.id), "state") == b"queued"
+        assert redis_client.zscore(KEYS.expiry, env.id) is not None
+    finally:
+        broker_db.flushdb()
+        broker_db.close()
+
+
+def test_a_failed_publish_still_undoes_a_push_nobody_else_counts_on(redis_server, redis_client):
+    """The undo still works for the push it is for (G4: a push that raised leaves no claim)."""
+    client = sync_client(config.current())
+    env = producer.prepare(tasks.charge.relier_spec, ("o-undo", 1), {})
+    first = idempotency.store(KEYS, env, env.encode(), 60_000, 3, token="a")
+    again = idempotency.store(KEYS, env, env.encode(), 60_000, 3, token="b")
+    assert first.run(client).stored and again.run(client).stored
+    assert not idempotency.abort(KEYS, env, "b").run(client)  # "a" still counts on it
+    assert redis_client.exists(KEYS.task(env.id))
+    assert idempotency.abort(KEYS, env, "a").run(client)  # the last one undoes it
+    assert idempotency.abort(KEYS, env, "a").run(client)  # and a replay answers the same
+    assert not redis_client.exists(KEYS.task(env.id), KEYS.idempotency(env.task, env.idem_key))
+
+
+def _broker_down(*args, **kwargs):  # type: ignore[no-untyped-def]
+    raise ConnectionError("broker down")

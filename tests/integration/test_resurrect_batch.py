@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 
 import pytest
 import redis
@@ -160,7 +161,9 @@ def test_with_signing_keys_a_resurrection_re_stores_the_envelope_under_the_newes
 
 
 def _lease(client, ids: list[str], lease_ms: int = 30_000) -> list:  # type: ignore[no-untyped-def]
-    return scripts.RESURRECT.run(client, KEYS.for_resurrect(ids), [lease_ms, "direct", *ids])
+    return scripts.RESURRECT.run(
+        client, KEYS.for_resurrect(ids), [lease_ms, "direct", uuid.uuid4().hex, *ids]
+    )
 
 
 def _history(client, task_id: str) -> list[dict]:  # type: ignore[no-untyped-def]

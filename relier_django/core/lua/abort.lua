@@ -1,13 +1,27 @@
 -- abort.lua: undo a push whose broker send failed (compare-and-delete).
--- Serves G4: a push that raised leaves no claim behind, so the caller can push again.
--- Deletes nothing unless the task is still exactly as push.lua left it.
+-- Serves G4 (a push that raised leaves no claim behind, so the caller can push again)
+-- and G1 (a store that another call was told about is never undone: two replay()s of
+-- one envelope, one failing to publish, must not delete the task the other sent).
+-- Deletes nothing unless the task is still exactly as push.lua left it and no other
+-- call listed by push.lua still counts on it.
 --
 -- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
 -- KEYS[4]  idempotency key (only for idempotent tasks)
 -- ARGV[1]  task id
--- RETURNS  1 undone; 0 the task had moved on (started, or not ours), nothing touched
+-- ARGV[2]  the push token the failed call gave push.lua
+-- RETURNS  1 nothing of the push is left: undone now, or before (a replay of this call
+--            after a lost reply finds the task gone and answers the same)
+--          0 kept: the task has moved on (started, superseded) or another push of the
+--            identical envelope still counts on it; nothing else touched
 local id = ARGV[1]
-if redis.call('HGET', KEYS[1], 'state') ~= 'queued' or redis.call('HGET', KEYS[1], 'fence') ~= '1' then
+if redis.call('HDEL', KEYS[1], 'push:' .. ARGV[2]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'pushers', -1)
+end
+local f = redis.call('HMGET', KEYS[1], 'state', 'fence', 'pushers')
+if not f[1] then
+  return 1
+end
+if f[1] ~= 'queued' or f[2] ~= '1' or (tonumber(f[3]) or 0) > 0 then
   return 0
 end
 redis.call('DEL', KEYS[1], KEYS[2])

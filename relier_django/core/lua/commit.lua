@@ -7,13 +7,18 @@
 -- KEYS[5]  idempotency key (only for idempotent tasks)
 -- ARGV[1]  task id
 -- ARGV[2]  fence of the committing incarnation
--- ARGV[3]  outcome record, JSON, as receipts read it
+-- ARGV[3]  outcome record, JSON, as receipts read it; it names the committing fence
 -- ARGV[4]  result TTL, ms
--- RETURNS  {1, 0}              committed
+-- RETURNS  {1, 0}              committed (also to a replay of this call after a lost
+--                              reply: the task is gone and its result is this record,
+--                              which only this fence's one running copy can write)
 --          {0, current_fence}  rejected: the fence moved (-1: the task is gone)
 local id = ARGV[1]
 local fields = redis.call('HMGET', KEYS[1], 'fence', 'state')
 if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
+  if not fields[1] and redis.call('GET', KEYS[4]) == ARGV[3] then
+    return {1, 0}
+  end
   return {0, tonumber(fields[1]) or -1}
 end
 local ttl = tonumber(ARGV[4])

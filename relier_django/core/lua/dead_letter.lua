@@ -17,17 +17,31 @@
 -- ARGV[7]  history event: JSON object without its opening brace (see start.lua)
 -- ARGV[8]  task name ('' when unknown)   ARGV[9]  reason code   ARGV[10] queue
 -- ARGV[11] one-line error summary, for listings
+-- ARGV[12] the state the caller holds the task in ('' when unfenced): 'running' (a
+--          runner that started it), 'queued' (a message refused before it started: an
+--          unknown task), 'dying' (the scanner's lease past the resurrection limit).
+--          A second copy of the incarnation, delivered to a worker that cannot run it
+--          while the first copy runs, must not take the task from under it (G10).
+-- ARGV[13] request token: unique per call, the same in a replay of it
 -- The task's latest checkpoint (field 'partial') moves into the entry, and release.lua
 -- gives it to the next incarnation.
--- RETURNS  {1, at_ms}             dead-lettered
---          {0, current_fence}     rejected: the fence moved (-1: the task is gone)
+-- RETURNS  {1, at_ms}             dead-lettered (a replay of this call after a lost
+--                                 reply, found by its token in the entry, answers the
+--                                 same; so does an unfenced message already filed
+--                                 under its entry id: a second copy of it)
+--          {0, current_fence, state}  rejected: the fence moved (-1: the task is
+--                                 gone), or the task is not in the state held
 -- @include _dlq_index
 local id = ARGV[1]
 local fenced = ARGV[2] ~= ''
+local filed = redis.call('HMGET', KEYS[6], 'req', 'at_ms')
+if filed[1] == ARGV[13] or (not fenced and filed[2]) then
+  return {1, tonumber(filed[2])}
+end
 if fenced then
-  local current = redis.call('HGET', KEYS[1], 'fence')
-  if current ~= ARGV[2] then
-    return {0, tonumber(current) or -1}
+  local current = redis.call('HMGET', KEYS[1], 'fence', 'state')
+  if current[1] ~= ARGV[2] or current[2] ~= ARGV[12] then
+    return {0, tonumber(current[1]) or -1, current[2] or ''}
   end
 end
 local t = redis.call('TIME')
@@ -53,7 +67,7 @@ redis.call('DEL', KEYS[6])
 -- 'fence' tells one failure of a task from the next (they share the entry id).
 redis.call('HSET', KEYS[6], 'entry', ARGV[4], 'history', '[' .. table.concat(history, ',') .. ']',
   'at_ms', now_ms, 'first_ms', first_ms, 'failures', failures, 'task_id', id, 'fence', ARGV[2],
-  'task', ARGV[8], 'reason', ARGV[9], 'queue', ARGV[10], 'error', ARGV[11])
+  'task', ARGV[8], 'reason', ARGV[9], 'queue', ARGV[10], 'error', ARGV[11], 'req', ARGV[13])
 if partial then
   redis.call('HSET', KEYS[6], 'partial', partial)
 end

@@ -1,20 +1,29 @@
 -- dlq_delete.lua: delete DLQ entries for good (an operator's explicit delete or purge).
 -- Serves G5: an entry leaves the DLQ only this way or by release, never silently; an
--- entry is deleted only if it is still the failure the operator chose.
+-- entry is deleted only if it is still the failure the operator chose. G10: the reply
+-- is kept under the call's token for a while, since the entries that proved it are
+-- gone: a replay of this call after a lost reply answers what the call did, instead
+-- of "not there" for each entry it deleted.
 --
 -- KEYS[1]  DLQ time index   KEYS[2]  DLQ lex index   KEYS[3]  DLQ counts
--- KEYS[3+i]  the entry hash of the i-th entry
+-- KEYS[4]  this call's receipt (string: the reply, JSON; PX ARGV[2])
+-- KEYS[4+i]  the entry hash of the i-th entry
 -- ARGV[1]  only entries that failed at or before this time, ms ('' for any time):
 --          purge uses it, so an entry that failed again meanwhile is kept
--- ARGV[2i], ARGV[2i+1]  the i-th entry id, and the fence of the failure meant ('' for
+-- ARGV[2]  how long the receipt is kept, ms
+-- ARGV[2i+1], ARGV[2i+2]  the i-th entry id, and the fence of the failure meant ('' for
 --          whichever failure is there now)
 -- RETURNS  one integer per entry: 1 deleted; 0 not there (released, being released,
 --          deleted, never there), a later failure than the fence given, or too recent
 -- @include _dlq_index
+local done = redis.call('GET', KEYS[4])
+if done then
+  return cjson.decode(done)
+end
 local max_at = tonumber(ARGV[1])
 local deleted = {}
-for i = 1, #KEYS - 3 do
-  local key, id, fence = KEYS[3 + i], ARGV[2 * i], ARGV[2 * i + 1]
+for i = 1, #KEYS - 4 do
+  local key, id, fence = KEYS[4 + i], ARGV[2 * i + 1], ARGV[2 * i + 2]
   local f = redis.call('HMGET', key, 'fence', 'at_ms')
   local ok = redis.call('ZSCORE', KEYS[1], id) ~= false
     and (fence == '' or f[1] == fence)
@@ -25,4 +34,5 @@ for i = 1, #KEYS - 3 do
   end
   deleted[i] = ok and 1 or 0
 end
+redis.call('SET', KEYS[4], cjson.encode(deleted), 'PX', tonumber(ARGV[2]))
 return deleted

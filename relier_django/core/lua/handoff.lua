@@ -9,7 +9,9 @@
 -- ARGV[2i]     task id of the i-th task
 -- ARGV[2i+1]   fence the caller holds for the i-th task
 -- RETURNS      how many tasks were handed off (the others had moved on: started,
---              finished, superseded)
+--              finished, superseded). A task already handed off at the caller's fence
+--              counts as handed off and is left as it is, so a replay of this call
+--              after a lost reply answers the same.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local handed = 0
@@ -19,6 +21,8 @@ for i = 2, #KEYS do
   if fields[1] == fence and fields[2] == ARGV[1] then
     redis.call('HSET', KEYS[i], 'state', 'handoff')
     redis.call('ZADD', KEYS[1], now_ms, id)
+    handed = handed + 1
+  elseif fields[1] == fence and fields[2] == 'handoff' then
     handed = handed + 1
   end
 end

@@ -3,8 +3,12 @@
 --
 -- KEYS[1]  leader key
 -- ARGV[1]  candidate id
--- RETURNS  1 released; 0 not held by the caller
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+-- RETURNS  1 the lease is free of the caller: released now, or already free (a replay
+--            of this call after a lost reply, or a lease that ran out)
+--          0 another candidate holds it (left intact)
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
 end
-return 0
+return holder and 0 or 1

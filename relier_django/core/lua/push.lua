@@ -22,7 +22,12 @@
 -- ARGV[8+2n]  optional: the broker message, as kombu's Redis transport would LPUSH it.
 --             Given, the task is stored and queued in this one step (G1 with no
 --             window between the two: a producer that dies mid-push leaves neither);
---             the caller does not publish. Absent or '': the caller publishes after.
+--             the caller does not publish. '': the caller publishes after.
+-- ARGV[9+2n]  push token: unique per push call, the same in a replay of that call (a
+--             client retry after a lost reply). Every call answered "stored" is listed
+--             in the hash (field 'push:<token>', count 'pushers'), so that abort.lua
+--             undoes a store only when no other call that was told "stored" (an
+--             identical replay() running beside it) still counts on it.
 -- RETURNS  {1, id}        stored, fence 1 minted
 --          {0, other_id}  idempotent duplicate: other_id holds the claim
 --          {-1, id}       a task with this id already exists (caller-chosen id reused)
@@ -34,11 +39,13 @@
 --          {-3, wait_ms}  refused by admission control: nothing stored, nothing
 --                         counted; retry after wait_ms. Duplicates are not counted.
 -- Re-running the same call (a client retry after a lost reply) returns {1, id} again,
--- without counting or queueing it twice.
+-- without counting, queueing or listing it twice. Another call with the identical
+-- envelope is answered {1, id} as well (the task it asked for is stored) and listed.
 -- @include _admission
 local id = ARGV[1]
 local n = tonumber(ARGV[7] or '0')
 local message = ARGV[8 + 2 * n]
+local pusher = 'push:' .. ARGV[9 + 2 * n]
 local last = #KEYS
 local queue_list
 if message and message ~= '' then
@@ -52,6 +59,9 @@ end
 local existing = redis.call('HGET', KEYS[1], 'env')
 if existing then
   if existing == ARGV[2] then
+    if redis.call('HSETNX', KEYS[1], pusher, 1) == 1 then
+      redis.call('HINCRBY', KEYS[1], 'pushers', 1)
+    end
     return {1, id}
   end
   return {-1, id}
@@ -84,7 +94,7 @@ end
 redis.call('HSET', KEYS[1],
   'env', ARGV[2], 'fence', 1, 'state', 'queued', 'attempt', 1, 'res', 0,
   'name', ARGV[3], 'queue', ARGV[4], 'idem', idem or '', 'created_ms', now_ms,
-  'maxres', ARGV[6])
+  'maxres', ARGV[6], 'pushers', 1, pusher, 1)
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[5]), id)
 if queue_list then
   redis.call('LPUSH', queue_list, message)

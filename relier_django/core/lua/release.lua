@@ -17,12 +17,19 @@
 -- ARGV[10] the fence of the failure the caller read and built ARGV[3] from (a task
 --          that failed again after a release gets a new entry under the same id, with a
 --          higher fence: releasing it from the older read would reuse a fence)
--- RETURNS  1 re-created: publish the envelope now
+-- ARGV[11] request token: unique per call, the same in a replay of it
+-- RETURNS  1 re-created: publish the envelope now (a replay of this call after a lost
+--            reply, found by its token on the entry, answers 1 again, so the release
+--            is still published and the entry dropped)
 --          0 no such entry in the DLQ (already released, deleted, never there, or now
 --            holding a later failure than the caller asked for)
 --          -1 a live task with this id exists (it was pushed again meanwhile)
 -- @include _dlq_index
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false then
+  local mark = redis.call('HMGET', KEYS[2], 'releasing', 'releasing_req')
+  if mark[1] == ARGV[4] and mark[2] == ARGV[11] then
+    return 1
+  end
   return 0
 end
 if redis.call('HGET', KEYS[2], 'fence') ~= ARGV[10] then
@@ -56,5 +63,5 @@ end
 redis.call('ZADD', KEYS[5], now_ms + tonumber(ARGV[8]), ARGV[2])
 redis.call('DEL', KEYS[8])
 dlq_index_remove(KEYS[1], KEYS[6], KEYS[7], KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[2], 'releasing', ARGV[4])
+redis.call('HSET', KEYS[2], 'releasing', ARGV[4], 'releasing_req', ARGV[11])
 return 1

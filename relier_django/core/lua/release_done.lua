@@ -1,8 +1,15 @@
 -- release_done.lua: the broker accepted a released task: drop its DLQ entry for good.
 -- KEYS[1]  DLQ entry hash
 -- ARGV[1]  the fence release.lua minted
--- RETURNS  1 dropped; 0 the entry was not being released with that fence
-if redis.call('HGET', KEYS[1], 'releasing') ~= ARGV[1] then
-  return 0
+-- RETURNS  1 dropped, now or before: an entry marked 'releasing' is out of every index,
+--            so nothing but this script removes it, and a replay of this call after a
+--            lost reply finds it gone and answers the same
+--          0 the entry holds something else (a later failure of the released task)
+local releasing = redis.call('HGET', KEYS[1], 'releasing')
+if releasing == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
 end
-return redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 1
+end
+return 0

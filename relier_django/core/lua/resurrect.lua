@@ -9,7 +9,8 @@
 -- KEYS[2i]       task hash of the i-th task    KEYS[2i+1]  its history list
 -- ARGV[1]        lease, ms: how long this scanner has to dispatch before another may retry
 -- ARGV[2]        scanner id (for the history)
--- ARGV[2+i]      task id of the i-th task
+-- ARGV[3]        request token: unique per call, the same in a replay of it
+-- ARGV[3+i]      task id of the i-th task
 -- RETURNS        one reply per task, in order:
 --   {1, new_fence, envelope, resurrections, name, queue, idem}   leased: dispatch the
 --      envelope with new_fence
@@ -19,6 +20,9 @@
 --   so a task whose stored envelope cannot be read can still be dead-lettered whole
 --   (its claim released, its entry indexed under its task)
 --   {0, 'alive'}   deadline not reached (refreshed, started, or leased by another pass)
+--   A replay of this call after a lost reply finds each task it leased by the token
+--   (field 'lease') and answers as the first call did, without a second fence or
+--   history event, so the scanner still dispatches what it leased.
 --   {0, 'gone'}    no such task: the index entry was stale and has been removed
 --   {-1, error}    this task's step failed (a hash edited by hand, say); nothing of it
 --                  was leased, and the others in the batch are answered all the same
@@ -31,7 +35,7 @@
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = now_ms + tonumber(ARGV[1])
-local first = 3  -- ARGV index of the first task id
+local first = 4  -- ARGV index of the first task id
 
 -- The history entry around its per-task fields, built once per call.
 local expired_head = '{"at_ms":' .. now_ms .. ',"event":"expired","fence":'
@@ -74,12 +78,27 @@ local function fence_of(raw)
   error('fence is not an integer: ' .. raw)
 end
 
+-- The reply the call that leased this task gave, when this call is a replay of it.
+local function replayed(hash)
+  local f = redis.call('HMGET', hash, 'lease', 'fence', 'env', 'res', 'state', 'name',
+    'queue', 'idem')
+  if f[1] ~= ARGV[3] then
+    return nil
+  end
+  local code = f[5] == 'dying' and 2 or 1
+  return {code, fence_of(f[2]), f[3], tonumber(f[4]) or 0, f[6] or '', f[7] or '', f[8] or ''}
+end
+
 local function resurrect(id, deadline, hash, history)
-  if moved[id] ~= nil then
+  local again = moved[id] ~= nil  -- an id given twice in this call
+  if again then
     deadline = moved[id] or nil
   end
-  if not deadline or tonumber(deadline) > now_ms then
+  if not deadline then
     return {0, 'alive'}
+  end
+  if tonumber(deadline) > now_ms then
+    return (not again and replayed(hash)) or {0, 'alive'}
   end
   local f = redis.call('HMGET', hash, 'fence', 'env', 'res', 'maxres', 'state', 'worker',
     'name', 'queue', 'idem')
@@ -97,10 +116,10 @@ local function resurrect(id, deadline, hash, history)
   local res, maxres = tonumber(f[3]) or 0, tonumber(f[4]) or 0
   local code = 2
   if f[5] == 'dying' or res >= maxres then
-    redis.call('HSET', hash, 'state', 'dying')
+    redis.call('HSET', hash, 'state', 'dying', 'lease', ARGV[3])
   else
     code, fence = 1, fence + 1
-    redis.call('HSET', hash, 'fence', fence, 'state', 'queued', 'worker', '')
+    redis.call('HSET', hash, 'fence', fence, 'state', 'queued', 'worker', '', 'lease', ARGV[3])
   end
   -- Only a task whose every step succeeded is leased.
   leases[#leases + 1] = lease_until

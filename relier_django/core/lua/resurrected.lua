@@ -16,11 +16,15 @@
 -- ARGV[4i+1]     history event: JSON object without its opening brace (see start.lua)
 -- RETURNS        one integer per task, in order: 1 recorded; 0 the fence moved on
 --                meanwhile (nothing written for that task)
+-- Each resurrection is counted once: the task hash keeps the fence it was counted for
+-- ('res_fence'), so a replay of this call after a lost reply answers 1 again and
+-- writes nothing (no second count, history event or grace).
 -- A task hash whose count is not an integer fails the call; the tasks before it in the
 -- batch stay recorded whole (queued grace included), as if each had its own call.
 --
--- Cost: a task costs three calls (HMGET; one HSET of the count, with the envelope when
--- one is passed; the history RPUSH); the queued graces are written in one ZADD.
+-- Cost: a task costs three calls (HMGET; one HSET of the count and its fence, with the
+-- envelope when one is passed; the history RPUSH); the queued graces are written in one
+-- ZADD.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local grace_until = now_ms + tonumber(ARGV[1])
@@ -40,15 +44,18 @@ end
 local graces = {}  -- score, id pairs, written in one ZADD after the batch
 
 local function recorded(id, fence, env, event, hash, history)
-  local f = redis.call('HMGET', hash, 'fence', 'state', 'res')
+  local f = redis.call('HMGET', hash, 'fence', 'state', 'res', 'res_fence')
   if f[1] ~= fence then
     return 0
   end
+  if f[4] == fence then
+    return 1
+  end
   local res = count_of(f[3]) + 1  -- checked before anything is written
   if env ~= '' then
-    redis.call('HSET', hash, 'res', res, 'env', env)
+    redis.call('HSET', hash, 'res', res, 'res_fence', fence, 'env', env)
   else
-    redis.call('HSET', hash, 'res', res)
+    redis.call('HSET', hash, 'res', res, 'res_fence', fence)
   end
   -- The new incarnation may already have started (its heartbeat owns the deadline then).
   if f[2] == 'queued' then

@@ -9,18 +9,25 @@
 -- ARGV[4]  countdown before the next incarnation may start, ms
 -- ARGV[5]  queued grace, ms (as in push.lua)
 -- ARGV[6]  history event: JSON object without its opening brace (see start.lua)
--- RETURNS  {1, new_fence}         the next incarnation is stored; send it now
+-- ARGV[7]  request token: unique per call, the same in a replay of it
+-- RETURNS  {1, new_fence}         the next incarnation is stored; send it now (a replay
+--                                 of this call after a lost reply, found by its token,
+--                                 answers the same, so the retry is still sent)
 --          {0, current_fence}     rejected: the fence moved (-1: the task is gone)
 local id = ARGV[1]
-local fields = redis.call('HMGET', KEYS[1], 'fence', 'state')
+local fields = redis.call('HMGET', KEYS[1], 'fence', 'state', 'retry_req')
 if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
+  if fields[3] == ARGV[7] and tonumber(fields[1]) == tonumber(ARGV[2]) + 1 then
+    return {1, tonumber(fields[1])}
+  end
   return {0, tonumber(fields[1]) or -1}
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-redis.call('HSET', KEYS[1], 'env', ARGV[3], 'state', 'queued', 'worker', '')
+redis.call('HSET', KEYS[1], 'env', ARGV[3], 'state', 'queued', 'worker', '',
+  'retry_req', ARGV[7])
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]) + tonumber(ARGV[5]), id)
 redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[6])
 return {1, fence}

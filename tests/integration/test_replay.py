@@ -1,0 +1,404 @@
+"""G10, the whole class: every Lua script, its reply lost after Redis ran it.
+
+For each ``.lua`` file in ``relier_django/core/lua`` (found by listing the folder, so a
+new script fails here until it has a scenario), the scenario's call is made twice on
+a freshly flushed Redis, both times through the lost-reply proxy with relier's own
+clients (retry policy, fast lane): once as it is, once with the reply of that script's
+call dropped after Redis ran it. The caller must get the same answer, and Redis must
+hold the same state (keys, values, counts, history, which keys have a TTL) either way:
+the client's replay is recognised (request tokens, "already mine" answers) instead of
+acting twice.
+
+Two scripts are never replayed by design, because their callers make one attempt:
+``admit.lua`` (the standalone admission check, on a pipelined connection without
+retries) and ``ratelimit.lua`` (a view's hit, on a fail-fast client). For them the
+lost reply reaches the caller as a ConnectionError (or the view's documented
+fallback), and the state is that of one call: a unit is never counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import pytest
+import redis
+
+from relier_django.core import (
+    admission,
+    checkpoint,
+    config,
+    dlq,
+    fencing,
+    idempotency,
+    lock,
+    outcome,
+    producer,
+    ratelimit,
+    release,
+    scripts,
+)
+from relier_django.core.connection import sync_client
+from relier_django.core.dlq import Failure, Reason
+from relier_django.core.dlq_store import DeadLetterStore
+from relier_django.core.keys import KeySpace
+from relier_django.core.rates import Rate
+from testproject.celery import app
+from testproject.demo import tasks
+from testproject.lostreply import LostReplyProxy, config_through
+
+TASK_ID = "replay-task"
+Scenario = Callable[[config.Config, redis.Redis], Any]
+
+
+@dataclass(frozen=True)
+class Case:
+    run: Scenario
+    replayed: bool = True  # False: its callers make one attempt (see the module docstring)
+
+
+def _keys(cfg: config.Config) -> KeySpace:
+    return KeySpace(cfg.key_prefix)
+
+
+@functools.cache
+def _the_envelope() -> Any:
+    # One envelope for both runs of a scenario: the same bytes, the same checksum.
+    return producer.prepare(tasks.record.relier_spec, ("x",), {}, TASK_ID)
+
+
+def _env(cfg: config.Config) -> Any:
+    return _the_envelope()
+
+
+def _store(cfg: config.Config, client: redis.Redis, token: str = "push-1") -> Any:
+    env = _env(cfg)
+    assert (
+        idempotency.store(_keys(cfg), env, env.encode(), 60_000, 3, token=token).run(client).stored
+    )
+    return env
+
+
+def _started(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _store(cfg, client)
+    assert fencing.start(_keys(cfg), env, "w1@host:1", 30_000).run(client).started
+    return env
+
+
+def _dead(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _started(cfg, client)
+    failure = Failure(Reason.EXCEPTION, "ValueError", "boom", worker="w1@host:1")
+    assert dlq.dead_letter(_keys(cfg), failure, 60_000, env=env).run(client).accepted
+    return env
+
+
+def _expired(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _store(cfg, client)
+    client.zadd(_keys(cfg).expiry, {env.id: 1})
+    return env
+
+
+def _resurrect_call(cfg: config.Config, token: str = "pass-1") -> scripts.ScriptCall[Any]:
+    keys = _keys(cfg)
+    return scripts.ScriptCall(
+        scripts.RESURRECT,
+        keys.for_resurrect([TASK_ID]),
+        [30_000, "scanner-1", token, TASK_ID],
+        list,
+    )
+
+
+def _releasing(cfg: config.Config, client: redis.Redis) -> Any:
+    """release.lua has run for the dead task: the entry is marked, fence 2 is stored."""
+    env = _dead(cfg, client)
+    nxt = env.next_incarnation(attempt=1)
+    tail = fencing.history_tail("released", fence=nxt.fence)
+    keys = _keys(cfg)
+    code = scripts.ScriptCall(
+        scripts.RELEASE,
+        keys.for_release(env.id, env.id, None),
+        [env.id, env.id, nxt.encode(), nxt.fence, env.task, env.queue, 3, 60_000, tail,
+         env.fence, "release-1"],
+        int,
+    ).run(client)  # fmt: skip
+    assert code == 1
+    return nxt
+
+
+# -- one scenario per script: the call whose reply is lost, after its set-up ------------
+def push(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _env(cfg)
+    gates = admission.limits(_keys(cfg), cfg, env.task, Rate.parse("5/m"))
+    return idempotency.store(_keys(cfg), env, env.encode(), 60_000, 3, gates, token="p").run(client)
+
+
+def abort(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _store(cfg, client, token="push-1")
+    return idempotency.abort(_keys(cfg), env, "push-1").run(client)
+
+
+def start(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _store(cfg, client)
+    return fencing.start(_keys(cfg), env, "w1@host:1", 30_000).run(client)
+
+
+def heartbeat(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _started(cfg, client)
+    return fencing.heartbeat(_keys(cfg), [(env.id, env.fence)], 30_000).run(client)
+
+
+def commit(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _started(cfg, client)
+    record = outcome.succeeded({"ok": 1}, env.fence)
+    return fencing.commit(_keys(cfg), env, record, 60_000).run(client)
+
+
+def retry(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _started(cfg, client)
+    nxt = env.next_incarnation(attempt=2)
+    call = fencing.retry(_keys(cfg), env, nxt, 1_000, 60_000, "ValueError: x", encoded=nxt.encode())
+    return call.run(client)
+
+
+def dead_letter(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _started(cfg, client)
+    failure = Failure(Reason.EXCEPTION, "ValueError", "boom", worker="w1@host:1")
+    return dlq.dead_letter(_keys(cfg), failure, 60_000, env=env).run(client)
+
+
+def resurrect(cfg: config.Config, client: redis.Redis) -> Any:
+    _expired(cfg, client)
+    return _resurrect_call(cfg).run(client)
+
+
+def resurrected(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _expired(cfg, client)
+    lease = _resurrect_call(cfg).run(client)
+    fence = int(lease[0][1])
+    tail = fencing.history_tail("resurrected", fence=fence, scanner="scanner-1")
+    call = scripts.ScriptCall(
+        scripts.RESURRECTED,
+        _keys(cfg).for_resurrected([env.id]),
+        [60_000, env.id, fence, "", tail],
+        list,
+    )
+    return call.run(client)
+
+
+def leader(cfg: config.Config, client: redis.Redis) -> Any:
+    call = scripts.ScriptCall(scripts.LEADER, _keys(cfg).for_leader(), ["scanner-1", 6_000], int)
+    return call.run(client)
+
+
+def leader_release(cfg: config.Config, client: redis.Redis) -> Any:
+    client.set(_keys(cfg).leader, "scanner-1", px=6_000)
+    call = scripts.ScriptCall(scripts.LEADER_RELEASE, _keys(cfg).for_leader(), ["scanner-1"], int)
+    return call.run(client)
+
+
+def handoff(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _started(cfg, client)
+    return fencing.handoff(_keys(cfg), [(env.id, env.fence)], "running").run(client)
+
+
+def release_(cfg: config.Config, client: redis.Redis) -> Any:
+    # The whole release (release.lua, publish, release_done.lua); release.lua's reply is lost.
+    env = _dead(cfg, client)
+    receipt = release.release(app, cfg, env.id)
+    entry = DeadLetterStore(client, _keys(cfg)).get(env.id)
+    return receipt.task_id, entry
+
+
+def release_done(cfg: config.Config, client: redis.Redis) -> Any:
+    nxt = _releasing(cfg, client)
+    call = scripts.ScriptCall(
+        scripts.RELEASE_DONE, _keys(cfg).for_release_done(nxt.id), [nxt.fence], int
+    )
+    return call.run(client)
+
+
+def release_abort(cfg: config.Config, client: redis.Redis) -> Any:
+    nxt = _releasing(cfg, client)
+    keys = _keys(cfg)
+    call = scripts.ScriptCall(
+        scripts.RELEASE_ABORT,
+        keys.for_release_abort(nxt.id, nxt.id, None),
+        [nxt.id, nxt.id, nxt.fence],
+        int,
+    )
+    return call.run(client)
+
+
+def dlq_delete(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _dead(cfg, client)
+    return DeadLetterStore(client, _keys(cfg)).delete([env.id], fences=[env.fence])
+
+
+def checkpoint_(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _started(cfg, client)
+    return checkpoint.save(_keys(cfg), env.id, env.fence, json.dumps({"inline": 3})).run(client)
+
+
+def lock_acquire(cfg: config.Config, client: redis.Redis) -> Any:
+    return lock.try_acquire(_keys(cfg), "nightly", 30_000).run(client)
+
+
+def lock_extend(cfg: config.Config, client: redis.Redis) -> Any:
+    token = lock.try_acquire(_keys(cfg), "nightly", 30_000).run(client)
+    return lock.extend(_keys(cfg), "nightly", token, 30_000).run(client)
+
+
+def lock_release(cfg: config.Config, client: redis.Redis) -> Any:
+    token = lock.try_acquire(_keys(cfg), "nightly", 30_000).run(client)
+    return lock.release_if_held(_keys(cfg), "nightly", token).run(client)
+
+
+def admit(cfg: config.Config, client: redis.Redis) -> Any:
+    found = admission.limits(_keys(cfg), cfg, "t", Rate.parse("5/m"))
+    return asyncio.run(admission.acheck(found, cfg))
+
+
+def ratelimit_(cfg: config.Config, client: redis.Redis) -> Any:
+    call = ratelimit.hit(_keys(cfg), "view", "1.2.3.4", Rate.parse("5/m"))
+    return call.run(sync_client(cfg, fail_fast=True))
+
+
+CASES: dict[str, Case] = {
+    "push": Case(push),
+    "abort": Case(abort),
+    "start": Case(start),
+    "heartbeat": Case(heartbeat),
+    "commit": Case(commit),
+    "retry": Case(retry),
+    "dead_letter": Case(dead_letter),
+    "resurrect": Case(resurrect),
+    "resurrected": Case(resurrected),
+    "leader": Case(leader),
+    "leader_release": Case(leader_release),
+    "handoff": Case(handoff),
+    "release": Case(release_),
+    "release_done": Case(release_done),
+    "release_abort": Case(release_abort),
+    "dlq_delete": Case(dlq_delete),
+    "checkpoint": Case(checkpoint_),
+    "lock_acquire": Case(lock_acquire),
+    "lock_extend": Case(lock_extend),
+    "lock_release": Case(lock_release),
+    "admit": Case(admit, replayed=False),
+    "ratelimit": Case(ratelimit_, replayed=False),
+}
+
+
+def _script_names() -> list[str]:
+    folder = resources.files("relier_django.core").joinpath("lua")
+    return sorted(
+        p.name.removesuffix(".lua")
+        for p in folder.iterdir()
+        if p.name.endswith(".lua") and not p.name.startswith("_")  # _x.lua: included fragments
+    )
+
+
+# -- normalising what differs between two runs by nature, not by behaviour -------------
+# A Redis-clock time in ms, or one inverted (the DLQ's lex index sorts newest first).
+_MS = re.compile(r"(?<!\d)\d{13}(?!\d)")
+# uuid4s: request, run and attempt tokens (hex), kombu's delivery tags (dashed).
+_TOKEN = re.compile(
+    r"\b[0-9a-f]{32}\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
+)
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    if isinstance(value, str):
+        return _TOKEN.sub("<token>", _MS.sub("<ms>", value))
+    if isinstance(value, float | int) and not isinstance(value, bool) and value > 1e12:
+        return "<ms>"
+    if isinstance(value, dict):
+        return {_norm(k): _norm(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_norm(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return _norm(repr(value))
+    return value
+
+
+def snapshot(client: redis.Redis) -> dict[str, Any]:
+    """Every key of the database: its type, value and whether it has a TTL."""
+    state: dict[str, Any] = {}
+    for raw_key in client.scan_iter("*"):
+        key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+        if key.startswith("_kombu."):
+            continue  # kombu declares its bindings once per process, not per run
+        kind = client.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        if kind == "string":
+            value: Any = client.get(key)
+        elif kind == "hash":
+            value = client.hgetall(key)
+        elif kind == "list":
+            value = client.lrange(key, 0, -1)
+        elif kind == "zset":
+            value = client.zrange(key, 0, -1, withscores=True)
+        elif kind == "set":
+            value = sorted(client.smembers(key))
+        else:
+            value = kind
+        state[str(_norm(key))] = (kind, _norm(value), client.pttl(key) > 0)
+    return state
+
+
+def _outcome(case: Case, cfg: config.Config, client: redis.Redis) -> Any:
+    try:
+        return _norm(case.run(cfg, client))
+    except redis.exceptions.ConnectionError as exc:
+        return ("ConnectionError", type(exc).__name__)
+
+
+def _run_once(
+    name: str, proxy: LostReplyProxy, direct: redis.Redis, lose: bool
+) -> tuple[Any, dict[str, Any], int]:
+    direct.flushall()
+    script = getattr(scripts, name.upper())
+    with config_through(proxy) as cfg:
+        client = sync_client(cfg)
+        before = proxy.calls(script.sha)
+        if lose:
+            # Armed for the scenario's own call: set-up calls of this same script, if
+            # any, come first, so count them out by arming the nth run from here.
+            proxy.drop_reply(script.sha, nth=_setup_runs(name) + 1)
+        answer = _outcome(CASES[name], cfg, client)
+        runs = proxy.calls(script.sha) - before
+    return answer, snapshot(direct), runs
+
+
+def _setup_runs(name: str) -> int:
+    # Scenarios whose set-up runs the script under test before the call it is about.
+    return {"resurrected": 0}.get(name, 0)
+
+
+def test_every_script_has_a_replay_scenario() -> None:
+    assert sorted(CASES) == _script_names(), "give every lua/*.lua a scenario in CASES"
+
+
+@pytest.mark.parametrize("name", _script_names())
+def test_a_lost_reply_is_answered_as_the_first_call_and_changes_nothing_more(
+    name: str, lost_reply: LostReplyProxy, redis_client: redis.Redis
+) -> None:
+    case = CASES[name]
+    plain_answer, plain_state, plain_runs = _run_once(name, lost_reply, redis_client, lose=False)
+    lost_answer, lost_state, lost_runs = _run_once(name, lost_reply, redis_client, lose=True)
+    assert lost_reply.dropped == 1, "the fault never fired: the scenario did not call the script"
+    if case.replayed:
+        assert lost_runs == plain_runs + 1, "the client did not replay the call"
+        assert lost_answer == plain_answer
+    else:
+        assert lost_runs == plain_runs, "a one-attempt script was replayed"
+        assert lost_answer == ("ConnectionError", "ConnectionError")
+    assert lost_state == plain_state
