@@ -6,7 +6,7 @@ from __future__ import annotations
 from relier_django.core import config, dlq, idempotency, producer
 from relier_django.core.connection import sync_client
 from relier_django.core.dlq import Failure, Reason
-from relier_django.core.envelope import Envelope
+from relier_django.core.envelope import Envelope, decode
 from relier_django.core.keys import KeySpace
 from testproject.demo import tasks
 
@@ -28,6 +28,19 @@ def fail(
     env = producer.prepare(task.relier_spec, args or ("x",), {}, task_id)
     assert idempotency.store(keys, env, env.encode(), 60_000, 3).run(client).stored
     failure = Failure(reason, "ValueError", message, traceback_of(message), worker="w1@host:1")
+    assert dlq.dead_letter(keys, failure, 60_000, env=env, held="queued").run(client).accepted
+    return env
+
+
+def fail_again(task_id: str, message: str = "again") -> Envelope:
+    """Dead-letter a released task's new incarnation: the same entry id, a higher fence."""
+    cfg = config.current()
+    keys, client = KeySpace(cfg.key_prefix), sync_client(cfg)
+    env = decode(client.hget(keys.task(task_id), "env"))
+    failure = Failure(
+        Reason.EXCEPTION, "ValueError", message, traceback_of(message), worker="w2@host:2"
+    )
+    # Released, it is queued again: it fails as a message refused before it started.
     assert dlq.dead_letter(keys, failure, 60_000, env=env, held="queued").run(client).accepted
     return env
 

@@ -60,7 +60,8 @@ def test_a_fixed_task_released_with_the_command_runs_exactly_once_more(
 
     redis_client.delete(f"demo:broken:{label}")  # the operator fixes the cause
     released = manage(redis_server.url, "release", task_id).stdout
-    assert released == f"released {task_id} as task {task_id}\n"
+    assert released.startswith(f"released {task_id} (fence 1, failed ")
+    assert released.endswith(f" UTC) as task {task_id}\n")
     # The release cleared the failed outcome: the same receipt now waits for the new run.
     assert receipt.get(timeout=60) == {"label": label, "runs": 2, "fence": 2}
     assert runs(redis_client, label) == 2  # the failure, then the released run: once

@@ -22,6 +22,7 @@ from relier_django.core import dlq
 from relier_django.core.dlq import Reason
 from relier_django.core.dlq_store import DeadLetterStore
 from relier_django.core.keys import KeySpace
+from relier_django.dlq_render import utc_text
 from testproject.cluster import free_port
 from testproject.demo import tasks
 from tests import dlq_entries as entries
@@ -77,6 +78,19 @@ def newest_first(store: DeadLetterStore, ids: list[str]) -> list[str]:
     return sorted(ids, key=lambda i: (-store.get(i).summary.failed_at_ms, i))
 
 
+def failure(store: DeadLetterStore, entry_id: str) -> str:
+    """How release and delete name the failure they acted on: its fence and time."""
+    s = store.get(entry_id).summary
+    return f"fence {s.fence}, failed {utc_text(s.failed_at_ms)} UTC"
+
+
+def released_and_failed_again(entry_id: str) -> int:
+    """Someone else releases the entry and its task fails again: the same id, a newer
+    failure. Returns the fence that failure is at."""
+    django_dlq.release_entry(entry_id)
+    return entries.fail_again(entry_id).fence
+
+
 class FakeTerminal(io.StringIO):
     """An interactive stdin whose operator types the given answer."""
 
@@ -97,7 +111,7 @@ def test_list_shows_an_aligned_table_newest_first_with_a_count_footer(store):
     ids = [fail(arg=f"t{i}", message=f"failure number {i} " + "x" * 200) for i in range(3)]
     out, _ = run("list")
     lines = out.splitlines()
-    headers = ["ID", "FAILED AT (UTC)", "TASK", "REASON", "FAILURES", "ERROR"]
+    headers = ["ID", "FAILED AT (UTC)", "TASK", "REASON", "FENCE", "FAILURES", "ERROR"]
     assert re.split(r"\s{2,}", lines[0]) == headers
     rows = lines[1:4]
     assert [row.split()[0] for row in rows] == newest_first(store, ids)
@@ -212,8 +226,9 @@ def test_inspect_of_an_unknown_id_is_an_error(store):
 def test_release_dispatches_an_entry_once_and_a_second_release_fails(store):
     keep = fail(arg="keep")
     entry_id = fail(arg="go")
+    read = failure(store, entry_id)
     out, _ = run("release", entry_id)
-    assert out == f"released {entry_id} as task {entry_id}\n"
+    assert out == f"released {entry_id} ({read}) as task {entry_id}\n"
     assert store.get(entry_id) is None and store.size() == 1 and listed() == [keep]
     out = refused("release", entry_id, match=rf"not released \(1 of 1\): {entry_id}")
     assert out == f"{entry_id}: no such entry in the dead-letter queue\n"
@@ -222,10 +237,11 @@ def test_release_dispatches_an_entry_once_and_a_second_release_fails(store):
 def test_release_processes_every_named_id_before_failing_on_the_bad_ones(store):
     good = fail(arg="good")
     bad = untied()
+    read = failure(store, good)
     out = refused("release", "nope", good, bad, match=r"not released \(2 of 3\): nope " + bad)
     assert out.splitlines() == [
         "nope: no such entry in the dead-letter queue",
-        f"released {good} as task {good}",
+        f"released {good} ({read}) as task {good}",
         f"{bad}: it holds no envelope (a malformed message); inspect it",
     ]
     assert store.size() == 1 and store.get(bad) is not None
@@ -276,11 +292,104 @@ def test_release_needs_ids_or_all_but_not_both(store, args, match):
 
 def test_delete_deletes_the_known_ids_and_fails_naming_the_unknown_ones(store):
     gone, kept = fail(arg="gone"), fail(arg="kept")
+    read = failure(store, gone)
     out = refused(
         "delete", gone, "ghost-1", "ghost-2", match="no such DLQ entries: ghost-1 ghost-2$"
     )
-    assert out == f"deleted {gone}\n"
+    assert out == f"deleted {gone} ({read})\n"
     assert listed() == [kept]
+
+
+# -- pinned to one failure (issue 18, item 7) ---------------------------------------
+
+
+@pytest.mark.parametrize("action", ["delete", "release"])
+def test_a_fenced_action_leaves_a_newer_failure_of_the_same_id_alone(store, redis_client, action):
+    """G5: the operator read failure 1; the task was released and failed again before
+    their ``--fence 1``. The newer failure, that task's only record, stays, and the
+    error names the fence it is at."""
+    entry_id = fail(arg="seen")
+    seen = json.loads(run("inspect", entry_id, "--json")[0])["fence"]
+    newer = released_and_failed_again(entry_id)
+    sent = redis_client.llen("celery")
+    assert newer == seen + 1
+    out = refused(action, entry_id, "--fence", str(seen),
+                  match=rf"{entry_id}.*holds the failure at fence {newer} now, not fence {seen}"
+                        rf" .*pass --fence {newer}")  # fmt: skip
+    assert "deleted" not in out and "released" not in out.replace("was released", "")
+    now = store.get(entry_id)
+    assert now is not None and now.fence == newer and now.summary.failures == 2
+    assert redis_client.llen("celery") == sent  # nothing sent either
+
+
+@pytest.mark.parametrize("action", ["delete", "release"])
+def test_a_fenced_action_on_the_failure_the_entry_holds_goes_ahead(store, action):
+    entry_id = fail(arg="pinned")
+    newer = released_and_failed_again(entry_id)
+    read = failure(store, entry_id)
+    out, _ = run(action, entry_id, "--fence", str(newer))
+    assert out.startswith(f"{action}d {entry_id} ({read})") and f"fence {newer}," in read
+    assert store.get(entry_id) is None
+
+
+def test_delete_without_fence_pins_the_failure_it_read_and_spares_one_landing_after(
+    store, monkeypatch
+):
+    """G5: without ``--fence``, delete acts on the failure it reads (and prints). A
+    failure that lands between that read and the delete is not deleted."""
+    entry_id = fail(arg="raced")
+    stale = store.get(entry_id)  # what the command reads ...
+    newer = released_and_failed_again(entry_id)  # ... before the newer failure lands
+    reads = iter([stale])
+    real_get = DeadLetterStore.get
+    monkeypatch.setattr(
+        DeadLetterStore, "get", lambda self, i: next(reads, None) or real_get(self, i)
+    )
+    out = refused("delete", entry_id,
+                  match=rf"{entry_id} not deleted: it holds the failure at fence {newer} now, "
+                        rf"not fence {stale.fence}")  # fmt: skip
+    assert out == ""
+    assert store.get(entry_id).fence == newer
+
+
+def test_release_and_delete_without_fence_act_on_the_failure_there_now_and_name_it(store):
+    """Without ``--fence`` the current failure is taken, and the output says which one,
+    so an operator who looked at an older one sees that it moved on."""
+    released, deleted = fail(arg="r"), fail(arg="d")
+    fences = {entry_id: released_and_failed_again(entry_id) for entry_id in (released, deleted)}
+    read = {entry_id: failure(store, entry_id) for entry_id in fences}
+    assert run("release", released)[0] == (
+        f"released {released} ({read[released]}) as task {released}\n"
+    )
+    assert run("delete", deleted)[0] == f"deleted {deleted} ({read[deleted]})\n"
+    assert all(f"fence {fences[i]}," in read[i] for i in fences) and store.size() == 0
+
+
+def test_list_shows_the_fence_that_release_and_delete_take(store):
+    entry_id = fail(arg="listed")
+    newer = released_and_failed_again(entry_id)
+    (row,) = run("list")[0].splitlines()[1:2]
+    assert re.split(r"\s{2,}", row)[4:6] == [str(newer), "2"]
+    assert json.loads(run("list", "--json")[0])["entries"][0]["fence"] == newer
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("delete", "a", "b", "--fence", "1"), "--fence pins one failure: give exactly one ID"),
+        (("release", "a", "b", "--fence", "1"), "--fence pins one failure"),
+    ],
+)
+def test_fence_pins_exactly_one_id(store, args, match):
+    with pytest.raises(CommandError, match=match) as raised:
+        run(*args)
+    assert raised.value.returncode == 2
+
+
+def test_fence_on_a_message_not_tied_to_a_task_is_refused(store):
+    raw_id = untied()
+    refused("delete", raw_id, "--fence", "1", match="not tied to a task.*leave out --fence")
+    assert store.get(raw_id) is not None
 
 
 def test_purge_with_yes_deletes_everything(store):
@@ -421,6 +530,8 @@ def test_stats_of_an_empty_queue(store):
         (("purge", "--older-than", "7 days", "--yes"), "--older-than: '7 days' is neither"),
         (("export", "--reason", "timeout"), "invalid choice"),
         (("delete",), "the following arguments are required: ID"),
+        (("delete", "a", "--fence", "one"), "--fence: 'one' is not a fence: give the FENCE"),
+        (("release", "a", "--fence", "-1"), "--fence: '-1' is not a fence"),
         (("frobnicate",), "invalid choice: 'frobnicate'"),
         ((), "the following arguments are required: SUBCOMMAND"),
     ],

@@ -3,6 +3,14 @@
 Everything goes through ``relier_django.dlq`` (the store and release the admin uses
 too); this module parses arguments and renders results. The ``--json`` forms are
 stable contracts, documented in docs/dlq-command.md.
+
+An entry id is its task's id, so a task released from the DLQ that fails again is
+back under the same id, holding a newer failure (a higher fence). ``release`` and
+``delete`` therefore act on one failure, never on "whatever is there": the one
+``--fence N`` names (the FENCE the listing showed the operator), or else the one the
+command reads just before acting, which it prints. Either way the fence goes to the
+atomic script, so a failure that lands in between is left alone, as the admin's
+pinned selections are.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import json
 import re
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -80,15 +88,28 @@ def _cursor(text: str) -> dlq.Cursor:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _fence(text: str) -> int:
+    """argparse type of --fence: a fence as ``list`` and ``inspect`` print it."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a fence: give the FENCE a listing showed"
+        )
+    return int(text)
+
+
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _table(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: int = -1, fit: int = 0
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    right: Collection[int] = (),
+    fit: int = 0,
 ) -> list[str]:
-    """Aligned columns; column ``right`` is right-aligned, and with ``fit`` the last
-    column is cut so that lines stay within ``fit`` columns."""
+    """Aligned columns; the columns in ``right`` are right-aligned, and with ``fit`` the
+    last column is cut so that lines stay within ``fit`` columns."""
     widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers))]
     last = widths[-1]
     if fit:
@@ -96,7 +117,7 @@ def _table(
     lines = []
     for row in (headers, *rows):
         cells = [
-            c.rjust(w) if i == right else c.ljust(w)
+            c.rjust(w) if i in right else c.ljust(w)
             for i, (c, w) in enumerate(zip(row, widths, strict=True))
         ]
         if fit:
@@ -110,6 +131,13 @@ def _filters(parser: Any) -> Any:
     parser.add_argument("--reason", choices=[str(r) for r in dlq.Reason], metavar="CODE",
                         help="only this reason: " + ", ".join(dlq.Reason))  # fmt: skip
     parser.add_argument("--since", type=_when, metavar="WHEN", help="e.g. 2h or 2024-05-01")
+    return parser
+
+
+def _fence_flag(parser: Any) -> Any:
+    parser.add_argument("--fence", type=_fence, metavar="N",
+                        help="act only if ID still holds the failure at fence N (the listed "
+                             "FENCE); default: the failure read just before acting")  # fmt: skip
     return parser
 
 
@@ -128,16 +156,47 @@ def _jsonl(entry: dlq.Entry) -> str:
     return json.dumps(entry.to_json(), ensure_ascii=False)
 
 
-def _release_one(store: dlq.DeadLetterStore, entry_id: str) -> str:
-    """Release one entry pinned to the failure read here; returns the task id.
+def _failure(summary: dlq.Summary) -> str:
+    """Which failure of an entry an action took: its fence and time, as the listing shows."""
+    fence = "-" if summary.fence is None else summary.fence
+    return f"fence {fence}, failed {utc_text(summary.failed_at_ms)} UTC"
 
-    The pin matters when someone else releases the task and it fails again meanwhile:
-    that newer failure is not what the operator saw, so it stays in the DLQ.
+
+def _not_that_failure(pinned: int, holds: int | None) -> str:
+    """Why an entry pinned to failure ``pinned`` was left alone: it holds ``holds`` now."""
+    if holds is None:
+        return "it is a message not tied to a task, which has no fence: leave out --fence"
+    return (
+        f"it holds the failure at fence {holds} now, not fence {pinned} (it was released "
+        f"and failed again since); inspect it, then pass --fence {holds} to act on that one"
+    )
+
+
+def _release_one(
+    store: dlq.DeadLetterStore, entry_id: str, fence: int | None
+) -> tuple[dlq.Summary, str]:
+    """Release the failure ``fence`` names, or else the one read here; returns that
+    failure's summary and the new incarnation's task id.
+
+    Raises:
+        EntryNotReleasable: as ``core.release.release``, or the entry holds another
+            failure than ``fence``.
     """
     entry = store.get(entry_id)
     if entry is None:
         raise dlq.EntryNotReleasable(entry_id, "no such entry in the dead-letter queue")
-    return dlq.release_entry(entry_id, expected_fence=entry.fence).task_id
+    if fence is not None and entry.fence != fence:
+        raise dlq.EntryNotReleasable(entry_id, _not_that_failure(fence, entry.fence))
+    # Pinned to the failure just read: one that lands before release.lua runs stays.
+    return entry.summary, dlq.release_entry(entry_id, expected_fence=entry.fence).task_id
+
+
+def _one_pin(entry_ids: Sequence[str], fence: int | None) -> list[str]:
+    """The ids named, each once; ``--fence`` pins exactly one of them."""
+    wanted = list(dict.fromkeys(entry_ids))
+    if fence is not None and len(wanted) != 1:
+        raise CommandError("--fence pins one failure: give exactly one ID with it", returncode=2)
+    return wanted
 
 
 class Command(BaseCommand):
@@ -156,10 +215,12 @@ class Command(BaseCommand):
         p.add_argument("entry_id", metavar="ID")
         p = _filters(sub.add_parser("release", help="run entries' tasks again, once each"))
         p.add_argument("entry_ids", nargs="*", metavar="ID")
+        _fence_flag(p)
         p.add_argument("--all", action="store_true", dest="all_matching", help="every match")
         p.add_argument("--dry-run", action="store_true", help="with --all: only list them")
         p = sub.add_parser("delete", help="delete entries for good")
         p.add_argument("entry_ids", nargs="+", metavar="ID")
+        _fence_flag(p)
         p = sub.add_parser("purge", help="delete every entry, or those older than a duration")
         p.add_argument("--older-than", type=_when, metavar="WHEN", help="e.g. 7d")
         p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -206,13 +267,14 @@ class Command(BaseCommand):
             self.stdout.write("The dead-letter queue is empty." if empty else "No entries match.")
             return
         rows = [
-            (s.id, utc_text(s.failed_at_ms), s.task or "?", s.reason, str(s.failures), s.error)
+            (s.id, utc_text(s.failed_at_ms), s.task or "?", s.reason,
+             "-" if s.fence is None else str(s.fence), str(s.failures), s.error)
             for s in page.entries
-        ]
-        headers = ("ID", "FAILED AT (UTC)", "TASK", "REASON", "FAILURES", "ERROR")
+        ]  # fmt: skip
+        headers = ("ID", "FAILED AT (UTC)", "TASK", "REASON", "FENCE", "FAILURES", "ERROR")
         # On a terminal, use its whole width; piped, a fixed one keeps output predictable.
         width = shutil.get_terminal_size((_WIDTH, 24)).columns if self.stdout.isatty() else _WIDTH
-        for line in _table(headers, rows, right=4, fit=width):
+        for line in _table(headers, rows, right=(4, 5), fit=width):
             self.stdout.write(line)
         shown = len(page.entries)
         total = plural(shown) if matching is None else f"{shown} of {plural(matching)}"
@@ -268,8 +330,8 @@ class Command(BaseCommand):
         return _table(("TIME (UTC)", "EVENT", "FENCE", "WORKER", "DETAIL"), rows)
 
     def _release(
-        self, *, entry_ids: list[str], all_matching: bool, task: str | None,
-        reason: str | None, since: When | None, dry_run: bool, **_: Any,
+        self, *, entry_ids: list[str], fence: int | None, all_matching: bool,
+        task: str | None, reason: str | None, since: When | None, dry_run: bool, **_: Any,
     ) -> None:  # fmt: skip
         if bool(entry_ids) == all_matching:
             raise CommandError("give entry ids, or --all and filters (not both)", returncode=2)
@@ -277,7 +339,7 @@ class Command(BaseCommand):
         if filtered and not all_matching:
             raise CommandError("--task, --reason, --since, --dry-run go with --all", returncode=2)
         if not all_matching:
-            self._release_ids(list(dict.fromkeys(entry_ids)))
+            self._release_ids(_one_pin(entry_ids, fence), fence)
             return
         store = dlq.store()
         # Each release is reported as it happens: if the broker fails part-way, what
@@ -298,31 +360,57 @@ class Command(BaseCommand):
         if done.refused and not dry_run:
             raise CommandError(f"{plural(len(done.refused))} could not be released")
 
-    def _release_ids(self, entry_ids: list[str]) -> None:
+    def _release_ids(self, entry_ids: list[str], fence: int | None) -> None:
         store = dlq.store()
         failed: list[str] = []
+        why = ""
         for entry_id in entry_ids:
             try:
-                task_id = _release_one(store, entry_id)
+                summary, task_id = _release_one(store, entry_id, fence)
             except dlq.EntryNotReleasable as exc:
                 failed.append(entry_id)
-                self.stdout.write(self.style.ERROR(f"{entry_id}: {exc.reason}"))
+                why = exc.reason
+                self.stdout.write(self.style.ERROR(f"{entry_id}: {why}"))
                 continue
-            self.stdout.write(self.style.SUCCESS(f"released {entry_id} as task {task_id}"))
+            done = f"released {entry_id} ({_failure(summary)}) as task {task_id}"
+            self.stdout.write(self.style.SUCCESS(done))
         if failed:
+            # With --fence there is one id: the error itself says which failure it holds.
+            detail = "" if fence is None else f": {why}"
             raise CommandError(
-                f"not released ({len(failed)} of {len(entry_ids)}): {' '.join(failed)}"
+                f"not released ({len(failed)} of {len(entry_ids)}): {' '.join(failed)}{detail}"
             )
 
-    def _delete(self, *, entry_ids: list[str], **_: Any) -> None:
-        wanted = list(dict.fromkeys(entry_ids))
-        deleted = set(dlq.store().delete(wanted))
-        for entry_id in wanted:
+    def _delete(self, *, entry_ids: list[str], fence: int | None, **_: Any) -> None:
+        store = dlq.store()
+        pins: dict[str, dlq.Summary] = {}
+        unknown: list[str] = []
+        refused: list[str] = []
+        for entry_id in _one_pin(entry_ids, fence):
+            entry = store.get(entry_id)
+            if entry is None:
+                unknown.append(entry_id)
+            elif fence is not None and entry.fence != fence:
+                refused.append(f"{entry_id} not deleted: {_not_that_failure(fence, entry.fence)}")
+            else:
+                pins[entry_id] = entry.summary
+        # The fence each entry was read with goes to dlq_delete.lua: a failure that
+        # lands between that read and this delete is a task's only record; it stays.
+        deleted = set(store.delete(list(pins), [s.fence for s in pins.values()]))
+        for entry_id, summary in pins.items():
             if entry_id in deleted:
-                self.stdout.write(f"deleted {entry_id}")
-        unknown = [entry_id for entry_id in wanted if entry_id not in deleted]
-        if unknown:
-            raise CommandError(f"no such DLQ entries: {' '.join(unknown)}")
+                self.stdout.write(f"deleted {entry_id} ({_failure(summary)})")
+            elif (now := store.get(entry_id)) is None or summary.fence is None:
+                unknown.append(entry_id)  # released or deleted meanwhile
+            elif now.fence == summary.fence:  # a release that failed to send put it back
+                refused.append(f"{entry_id} not deleted: it was being released; run again")
+            else:
+                why = _not_that_failure(summary.fence, now.fence)
+                refused.append(f"{entry_id} not deleted: {why}")
+        if unknown:  # last, so a script can match the ids at the end of the line
+            refused.append(f"no such DLQ entries: {' '.join(unknown)}")
+        if refused:
+            raise CommandError("; ".join(refused))
 
     def _purge(self, *, older_than: When | None, yes: bool, **_: Any) -> None:
         if not yes and (sys.stdin is None or not sys.stdin.isatty()):
@@ -396,5 +484,5 @@ class Command(BaseCommand):
             ranked = sorted(counted.items(), key=lambda kv: (-kv[1], kv[0]))
             rows = [(*key, str(n)) for key, n in ranked]
             self.stdout.write("")
-            for line in _table((*headers, "ENTRIES"), rows, right=len(headers)):
+            for line in _table((*headers, "ENTRIES"), rows, right=(len(headers),)):
                 self.stdout.write(line)
