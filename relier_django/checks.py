@@ -50,11 +50,12 @@ def _settings() -> tuple[Config, conf.DjangoSettings] | None:
 def check_settings(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """relier.E001 (settings that cannot work) and relier.E002 (heartbeat refresh not
-    below the TTL), instead of an ``ImproperlyConfigured`` traceback.
+    """relier.E001 (settings that cannot work: one error per bad key or value) and
+    relier.E002 (heartbeat refresh not below the TTL), instead of an
+    ``ImproperlyConfigured`` traceback.
 
     Returns:
-        At most one error.
+        The errors, empty for settings that load.
     """
     hint = (
         "Correct the setting named above in settings.RELIER, or in its RELIER_<NAME> "
@@ -64,7 +65,11 @@ def check_settings(
     try:
         cfg = conf.get_config()
     except ImproperlyConfigured as exc:
-        return [_heartbeat_error() or Error(str(exc), hint=hint, id="relier.E001")]
+        heartbeat = _heartbeat_error()
+        if heartbeat is not None:
+            return [heartbeat]
+        problems = exc.problems if isinstance(exc, conf.SettingsError) else (str(exc),)
+        return [Error(problem, hint=hint, id="relier.E001") for problem in problems]
     try:
         # What every client does with it: a wrong scheme, a port that is not a number,
         # a bad query option all fail here (check_redis leaves them to this check).

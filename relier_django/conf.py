@@ -10,8 +10,10 @@ per deployment. Both results are cached and dropped on ``setting_changed``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -25,6 +27,21 @@ from .core import config as core_config
 from .core.errors import ConfigError
 
 _env = environ.Env()
+
+
+class SettingsError(ConfigError, ImproperlyConfigured):
+    """relier's settings cannot be loaded: every bad key and value, in one message.
+
+    An ``ImproperlyConfigured`` to Django, and a core ``ConfigError``, which is how a
+    worker (core code, which never imports Django) tells it from other failures.
+
+    Attributes:
+        problems: one message per bad key or value, each naming where it came from.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = tuple(problems)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,17 +147,20 @@ def _cast_strings(raw: Any, source: str, shown: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in items if item.strip())
 
 
-def _given() -> dict[str, Any]:
+def _given() -> tuple[dict[str, Any], list[str]]:
+    """``settings.RELIER``, and a problem per unknown key in it."""
     given = getattr(settings, "RELIER", None) or {}
     if not isinstance(given, dict):
-        raise ImproperlyConfigured(f"settings.RELIER must be a dict, got {type(given).__name__}")
-    unknown = sorted(set(given) - set(CONFIG_KEYS) - set(DJANGO_KEYS))
-    if unknown:
-        raise ImproperlyConfigured(
-            f"settings.RELIER has unknown key(s) {', '.join(unknown)}; "
-            f"known keys are {', '.join(sorted(CONFIG_KEYS + DJANGO_KEYS))}"
-        )
-    return given
+        raise SettingsError([f"settings.RELIER must be a dict, got {type(given).__name__}"])
+    known = sorted(CONFIG_KEYS + DJANGO_KEYS)
+    return given, [_unknown(key, known) for key in sorted(map(str, set(given) - set(known)))]
+
+
+def _unknown(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key.upper(), known, n=1)
+    if close:
+        return f"settings.RELIER has an unknown key {key!r} (did you mean {close[0]!r}?)"
+    return f"settings.RELIER has an unknown key {key!r} (known keys: {', '.join(known)})"
 
 
 def _read(upper: str, given: dict[str, Any]) -> tuple[Any, str] | None:
@@ -153,23 +173,26 @@ def _read(upper: str, given: dict[str, Any]) -> tuple[Any, str] | None:
     return None
 
 
-def _read_typed(cls: type, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def _read_typed(
+    cls: type, given: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """The fields of ``cls`` that were given, cast; their sources; a problem per value
+    that could not be cast (all of them, not just the first)."""
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    problems: list[str] = []
     for field in dataclasses.fields(cls):
         found = _read(field.name.upper(), given)
         if found is not None:
             raw, sources[field.name] = found
             # Config marks its secrets repr=False; an error message must not echo them.
             secret = not field.repr
-            values[field.name] = _cast(hints[field.name], raw, sources[field.name], secret)
-    return values, sources
-
-
-def _django_settings() -> tuple[DjangoSettings, dict[str, str]]:
-    values, sources = _read_typed(DjangoSettings, _given())
-    return DjangoSettings(**values), sources
+            try:
+                values[field.name] = _cast(hints[field.name], raw, sources[field.name], secret)
+            except ImproperlyConfigured as exc:
+                problems.append(str(exc))
+    return values, sources, problems
 
 
 @functools.cache
@@ -177,10 +200,14 @@ def get_django_settings() -> DjangoSettings:
     """The Django-level settings (``REDIS_CACHE_ALIAS``, ``ALLOW_UNSAFE_REDIS``, ...).
 
     Raises:
-        ImproperlyConfigured: an unknown key in ``settings.RELIER``, or a value of the
-            wrong type.
+        SettingsError: unknown keys in ``settings.RELIER``, or values of the wrong type
+            (all of them); an ``ImproperlyConfigured``.
     """
-    return _django_settings()[0]
+    given, problems = _given()
+    values, _, bad = _read_typed(DjangoSettings, given)
+    if problems or bad:
+        raise SettingsError(problems + bad)
+    return DjangoSettings(**values)
 
 
 def config_values() -> dict[str, Any]:
@@ -192,21 +219,35 @@ def config_values() -> dict[str, Any]:
         Field name -> value, only for the fields that were given.
 
     Raises:
-        ImproperlyConfigured: an unknown key, a badly typed value, or a Redis location
-            that cannot be resolved (see :func:`cache_redis_url`).
+        SettingsError: unknown keys, badly typed values, or a Redis location that
+            cannot be resolved (see :func:`cache_redis_url`): all of them at once.
     """
-    values, sources = _read_typed(core_config.Config, _given())
-    django_settings, django_sources = _django_settings()
-    alias = django_settings.redis_cache_alias
+    values, problems = _config_values()
+    if problems:
+        raise SettingsError(problems)
+    return values
+
+
+def _config_values() -> tuple[dict[str, Any], list[str]]:
+    """What :func:`config_values` returns, and every problem found on the way."""
+    given, problems = _given()
+    values, sources, bad = _read_typed(core_config.Config, given)
+    django_values, django_sources, django_bad = _read_typed(DjangoSettings, given)
+    problems += bad + django_bad
+    alias = django_values.get("redis_cache_alias")
     if alias is not None:
-        if "redis_url" in values:
-            raise ImproperlyConfigured(
+        if "redis_url" in sources:
+            problems.append(
                 f"{sources['redis_url']} and {django_sources['redis_cache_alias']} are both "
                 "set; relier needs one Redis location: keep REDIS_URL or REDIS_CACHE_ALIAS, "
                 "not both"
             )
-        values["redis_url"] = cache_redis_url(alias)
-    return values
+        else:
+            try:
+                values["redis_url"] = cache_redis_url(alias)
+            except ImproperlyConfigured as exc:
+                problems.append(str(exc))
+    return values, problems
 
 
 @functools.cache
@@ -214,13 +255,18 @@ def get_config() -> core_config.Config:
     """Build the core config from settings.RELIER and RELIER_* environment variables.
 
     Raises:
-        ImproperlyConfigured: see :func:`config_values`, or values that cannot work
-            together (``Config`` refused them; the message names the field).
+        SettingsError: every problem :func:`config_values` finds, plus the first
+            problem ``Config`` finds in the values that could be read (it names the
+            field); an ``ImproperlyConfigured`` and a core ``ConfigError``.
     """
+    values, problems = _config_values()
     try:
-        return core_config.Config(**config_values())
+        cfg = core_config.Config(**values)
     except ConfigError as exc:
-        raise ImproperlyConfigured(str(exc)) from exc
+        raise SettingsError([*problems, str(exc)]) from exc
+    if problems:
+        raise SettingsError(problems)
+    return cfg
 
 
 def cache_redis_url(alias: str) -> str:

@@ -55,8 +55,9 @@ _STARTUP_WAIT_S = 5.0
 
 
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    """Refuse to start (exit status 1) while relier's Redis is unreachable."""
-    cfg = config.current()
+    """Refuse to start (exit status 1) on settings that cannot be loaded, or while
+    relier's Redis is unreachable."""
+    cfg = _startup_config()
     deadline = time.monotonic() + _STARTUP_WAIT_S
     while True:
         try:
@@ -74,6 +75,26 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
                     "(RELIER_REDIS_URL)."
                 ) from exc
             time.sleep(0.5)
+
+
+def _startup_config() -> config.Config:
+    """The config, or SystemExit with one line naming every bad setting.
+
+    A worker that started anyway would take messages only to fail each one with the
+    same error, and those tasks would wait out QUEUED_GRACE_S before running elsewhere.
+    """
+    try:
+        return config.current()
+    except Exception as exc:
+        # Any failure, not only a ConfigError (the Django layer raises its SettingsError,
+        # one line naming every bad setting): without a config no task can run.
+        # SystemExit, for the reason given in _on_worker_init.
+        detail = " ".join(str(exc).split())
+        raise SystemExit(
+            f"relier_django: its settings cannot be loaded: {detail}; this worker refuses "
+            "to start, since it would fail every task it took. Correct them in "
+            "settings.RELIER or the RELIER_* environment variables (docs/settings.md)."
+        ) from exc
 
 
 def _on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:

@@ -229,6 +229,17 @@ def test_any_other_invalid_setting_is_reported_with_its_message(relier):
     assert "not a usable" in by_id("relier.E001").msg
 
 
+def test_every_bad_setting_is_its_own_e001_at_once(relier):
+    relier(HEARTBEAT_TTL=3, MAX_RETRIES="lots", RESURRECT_BATCH=0)
+    errors = [m for m in relier_messages() if m.id == "relier.E001"]
+    assert [e.msg for e in errors] == [
+        "settings.RELIER has an unknown key 'HEARTBEAT_TTL' (did you mean 'HEARTBEAT_TTL_S'?)",
+        "settings.RELIER['MAX_RETRIES'] must be a int, got 'lots'",
+        "resurrect_batch must be >= 1",
+    ]
+    assert ids() == ["relier.E001"] * 3  # the Redis and task checks do not pile on
+
+
 def test_a_badly_typed_secret_is_reported_without_its_value(relier):
     relier(SIGNING_KEYS=b"top-secret-key")  # bytes, not a list of strings
     error = by_id("relier.E001")
@@ -431,3 +442,39 @@ def test_a_worker_refuses_to_start_while_relier_redis_is_unreachable(start_redis
         healthy.start(timeout_s=60)
     finally:
         healthy.stop()
+
+
+def test_a_worker_refuses_to_start_on_settings_it_cannot_load(redis_server, redis_client, tmp_path):
+    # G6 at the worker: a worker that cannot load its settings would take messages only
+    # to fail each, leaving the tasks for QUEUED_GRACE_S. It exits instead, naming every
+    # bad value in one line, and consumes nothing.
+    from relier_django.core.keys import KeySpace
+    from testproject.demo import tasks
+
+    receipt = tasks.record.push("pushed-before-the-bad-worker")
+    queued = redis_client.llen("celery")
+    assert queued == 1
+    worker = CeleryWorker(
+        redis_url=redis_server.url,
+        log_dir=tmp_path,
+        name="misconfigured",
+        extra_env={"RELIER_MAX_RETRIES": "lots", "RELIER_EMBEDDED_RESURRECTOR": "maybe"},
+    )
+    try:
+        started = time.monotonic()
+        worker.start(wait=False)
+        assert worker.process is not None
+        assert worker.process.wait(60) != 0
+        assert time.monotonic() - started < 30
+        log = worker.log_text()
+        named = [
+            line
+            for line in log.splitlines()
+            if "RELIER_MAX_RETRIES" in line and "RELIER_EMBEDDED_RESURRECTOR" in line
+        ]
+        assert len(named) == 1 and "refuses to start" in named[0], log
+        assert "ready." not in log
+    finally:
+        worker.stop()
+    assert redis_client.llen("celery") == queued  # the message is still in the broker
+    assert redis_client.hget(KeySpace("rl").task(receipt.task_id), "state") == b"queued"

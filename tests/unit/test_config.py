@@ -94,3 +94,56 @@ def test_django_level_keys_are_accepted_and_typed(settings, monkeypatch):
     monkeypatch.setenv("RELIER_WORKER_QUEUES", "c, d")
     conf.clear_cache()
     assert conf.get_django_settings().worker_queues == ("c", "d")
+
+
+def test_every_bad_key_and_value_is_reported_at_once_on_one_line(settings, monkeypatch):
+    monkeypatch.delenv("RELIER_MAX_RETRIES", raising=False)
+    monkeypatch.setenv("RELIER_EMBEDDED_RESURRECTOR", "maybe")
+    settings.RELIER = {"HEARTBEAT_TTL": 3, "MAX_RETRIES": 2.9, "RESURRECT_BATCH": 0}
+    conf.clear_cache()
+    with pytest.raises(conf.SettingsError) as raised:
+        conf.get_config()
+    problems = raised.value.problems
+    assert len(problems) == 4, problems
+    assert "'HEARTBEAT_TTL' (did you mean 'HEARTBEAT_TTL_S'?)" in problems[0]
+    assert "settings.RELIER['MAX_RETRIES'] must be a int, got 2.9" in problems
+    assert any("RELIER_EMBEDDED_RESURRECTOR must be a bool" in p for p in problems)
+    assert problems[-1] == "resurrect_batch must be >= 1"  # Config's own check, last
+    assert str(raised.value) == "; ".join(problems) and "\n" not in str(raised.value)
+    # Django sees ImproperlyConfigured; a worker (core code) sees a ConfigError.
+    assert isinstance(raised.value, ImproperlyConfigured)
+    assert isinstance(raised.value, ConfigError)
+    with pytest.raises(conf.SettingsError, match="unknown key 'HEARTBEAT_TTL'"):
+        conf.get_django_settings()  # the Django-level keys are read the same way
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("HEARTBEAT_TTL", "did you mean 'HEARTBEAT_TTL_S'?"),
+        ("max_retries", "did you mean 'MAX_RETRIES'?"),  # keys are upper case
+        ("REDIS_CACHE", "did you mean 'REDIS_CACHE_ALIAS'?"),
+        ("NOTHING_LIKE_IT", "known keys: ADMISSION_LIMIT, "),
+    ],
+)
+def test_an_unknown_key_is_named_with_the_closest_known_one(settings, key, says):
+    settings.RELIER = {key: 1}
+    with pytest.raises(ImproperlyConfigured) as raised:
+        conf.get_config()
+    assert f"settings.RELIER has an unknown key {key!r} ({says}" in str(raised.value)
+
+
+def test_a_worker_refuses_to_start_with_one_line_naming_every_bad_setting(monkeypatch):
+    # G6: the core cannot name Django's ImproperlyConfigured; whatever the provider
+    # raises becomes SystemExit (Celery swallows an Exception from worker_init).
+    from relier_django.core import celery_signals, config
+
+    def provider() -> Config:
+        raise conf.SettingsError(["RELIER_A must be a int, got 'x'", "unknown key 'B'"])
+
+    monkeypatch.setattr(config, "_provider", provider)
+    with pytest.raises(SystemExit) as raised:
+        celery_signals._on_worker_init()
+    line = str(raised.value.code)
+    assert "RELIER_A must be a int, got 'x'; unknown key 'B'" in line
+    assert "refuses to start" in line and "\n" not in line
