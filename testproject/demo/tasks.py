@@ -12,9 +12,10 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
-from celery import shared_task
+from celery import shared_task, signals
 
 from relier_django import TaskContext, rl_task
 from relier_django.core import config
@@ -328,6 +329,20 @@ else:
         """v1."""
         _record(label, ctx)
         return {"schema": 1, "label": label, "cents": cents}
+
+
+# --- Rolling deploys: a worker from before a task existed ---------------------------------
+# DEMO_WORKER_LACKS="demo.record,demo.sync_record" (read as the worker sets up) drops those
+# tasks from this worker's registry before its consumer starts, so their messages reach
+# Celery's task_unknown, as on a worker still running the previous release. Unset, nothing
+# changes.
+
+
+@signals.celeryd_after_setup.connect(dispatch_uid="demo.worker_lacks", weak=False)
+def _lack_tasks(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    lacking = [n.strip() for n in os.environ.get("DEMO_WORKER_LACKS", "").split(",") if n.strip()]
+    for name in lacking:
+        instance.app.tasks.pop(name, None)
 
 
 # --- The chaos runner's workload (chaos/, docs/chaos.md) ------------------------------
