@@ -34,9 +34,9 @@ ANCHOR = "relier==0.1.7"
 OURS = """
 import asyncio, json, sys, time
 from relier_django.core import admission, pipelined
-from relier_django.core.config import Config
-from relier_django.core.keys import KeySpace
-from relier_django.core.rates import Rate
+from relier_django.core.model.config import Config
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.model.rates import Rate
 
 url, calls, callers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cfg = Config(redis_url=url)
@@ -63,8 +63,8 @@ OURS_REDISPY = """
 import asyncio, json, sys, time
 import redis.asyncio
 from relier_django.core import admission
-from relier_django.core.keys import KeySpace
-from relier_django.core.rates import Rate
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.model.rates import Rate
 
 url, calls, callers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 found = (admission.Limit(KeySpace("rl").admission_all, Rate(10**9, 60)),)
@@ -97,9 +97,9 @@ PUSH_PROBE = """
 import asyncio, json, sys, time, uuid
 import redis.asyncio
 from relier_django.core import admission, idempotency
-from relier_django.core.envelope import Envelope
-from relier_django.core.keys import KeySpace
-from relier_django.core.rates import Rate
+from relier_django.core.model.envelope import Envelope
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.model.rates import Rate
 
 url, calls, callers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 keys = KeySpace("rl")

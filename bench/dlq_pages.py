@@ -20,8 +20,9 @@ TASKS = [f"shop.task_{i:02d}" for i in range(20)]
 
 
 def fill(client, keys, n: int) -> float:
-    from relier_django.core import dlq, scripts
-    from relier_django.core.dlq import Failure, Reason
+    from relier_django.core.dlq import dead_letter as dlq
+    from relier_django.core.model.failure import Failure, Reason
+    from relier_django.core.store import scripts
 
     reasons = [Reason.EXCEPTION, Reason.RETRIES_EXHAUSTED, Reason.HARD_TIMEOUT, Reason.UNKNOWN_TASK]
     client.script_load(scripts.DEAD_LETTER.source)
@@ -61,8 +62,8 @@ def main() -> None:
     with private_redis() as server:
         import redis
 
-        from relier_django.core.dlq_store import Cursor, DeadLetterStore, Query, lex_range
-        from relier_django.core.keys import KeySpace
+        from relier_django.core.dlq.store import Cursor, DeadLetterStore, Query, lex_range
+        from relier_django.core.store.keys import KeySpace
 
         keys = KeySpace("rl")
         client = redis.Redis.from_url(server.url, decode_responses=True)

@@ -40,7 +40,7 @@ def measure(fn, n: int) -> list[float]:
 def measure_async(coro_fn, n: int, warmup: int = 20) -> list[float]:
     """``n`` sequential awaits inside one event loop (as an ASGI view would)."""
 
-    from relier_django.core.connection import close_loop_clients
+    from relier_django.core.store.connection import close_loop_clients
 
     async def body() -> list[float]:
         try:
@@ -77,8 +77,8 @@ def per_push_commands(client, fn, n: int) -> dict[str, float]:
 def per_task_commands(server, client, push, n: int) -> dict[str, float]:
     """Commands per executed task, worker included (its idle polling is counted too,
     and the drain check's LLEN/ZCARD; both are a few per run, not per task)."""
-    from relier_django.core import config
-    from relier_django.core.keys import KeySpace
+    from relier_django.core.model import config
+    from relier_django.core.store.keys import KeySpace
     from testproject.cluster import CeleryWorker
 
     expiry = KeySpace(config.current().key_prefix).expiry

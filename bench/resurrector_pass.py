@@ -53,8 +53,9 @@ def main_thread_ns(pid: int) -> int:
 
 
 def fill(client, keys, n: int) -> list[str]:
-    from relier_django.core import idempotency, scripts
-    from relier_django.core.envelope import Envelope
+    from relier_django.core.model.envelope import Envelope
+    from relier_django.core.push import idempotency
+    from relier_django.core.store import scripts
 
     ids = []
     created_ms = int(time.time() * 1000)
@@ -71,9 +72,10 @@ def fill(client, keys, n: int) -> list[str]:
 
 
 def one_round(server, broker, in_flight: int, expired: int) -> dict[str, float]:
-    from relier_django.core import config, scripts
-    from relier_django.core.keys import KeySpace
-    from relier_django.core.resurrector import Resurrector
+    from relier_django.core.model import config
+    from relier_django.core.recovery.resurrector import Resurrector
+    from relier_django.core.store import scripts
+    from relier_django.core.store.keys import KeySpace
     from testproject.celery import app
 
     client = server.client(decode_responses=True)

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relier_django.core.config import Config
-from relier_django.core.keys import KeySpace
+from relier_django.core.model.config import Config
+from relier_django.core.store.keys import KeySpace
 
 # The chaos cluster runs with relier's default prefix and recovery queue.
 _DEFAULTS = Config()
@@ -172,7 +172,7 @@ def read_outcomes(client, task_ids: Sequence[str]) -> dict[str, dict[str, Any] |
 
 
 def read_dlq(client) -> tuple[dict[str, DlqRecord], list[DlqRecord]]:
-    from relier_django.core.dlq_store import DeadLetterStore
+    from relier_django.core.dlq.store import DeadLetterStore
 
     store = DeadLetterStore(client, KEYS)
     tied: dict[str, DlqRecord] = {}

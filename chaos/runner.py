@@ -171,7 +171,7 @@ class Run:
         return out
 
     def push(self, item: Item, task_id: str | None = None) -> Pushed:
-        from relier_django.core import producer
+        from relier_django.core.push import producer
 
         task_id = task_id or uuid.uuid4().hex
         kwargs = {"label": item.label, **item.kwargs}

@@ -5,8 +5,8 @@ Public API::
     from relier_django import rl_task, TaskContext, Receipt, TaskFailed, lock
 """
 
-from .core.context import TaskContext
-from .core.errors import (
+from .core.extras.lock import Lock, lock
+from .core.model.errors import (
     AdmissionRejected,
     CheckpointTooLarge,
     DuplicateTaskId,
@@ -16,9 +16,9 @@ from .core.errors import (
     TaskFailed,
     TaskLost,
 )
-from .core.lock import Lock, lock
-from .core.receipt import DispatchState, NotDispatched, Receipt
+from .core.store.receipt import DispatchState, NotDispatched, Receipt
 from .core.task import RelierTask, rl_task
+from .core.worker.context import TaskContext
 
 __all__ = [
     "AdmissionRejected",

@@ -17,10 +17,11 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
+from django.contrib.admin import ModelAdmin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -32,9 +33,6 @@ from redis.exceptions import RedisError
 
 from . import dlq
 from .dlq_render import HISTORY_COLUMNS, history_rows, plural, utc
-
-if TYPE_CHECKING:
-    from .admin import DeadLetterAdmin
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +81,7 @@ def _query(**params: str | None) -> str:
     return "?" + urlencode({k: v for k, v in params.items() if v is not None})
 
 
-def _url(model_admin: DeadLetterAdmin, page: str, *args: str) -> str:
+def _url(model_admin: ModelAdmin, page: str, *args: str) -> str:
     name = f"admin:{model_admin.opts.app_label}_{model_admin.opts.model_name}_{page}"
     url: str = reverse(name, args=args, current_app=model_admin.admin_site.name)
     return url
@@ -95,7 +93,7 @@ def _require(allowed: bool) -> None:
 
 
 def _context(
-    request: HttpRequest, model_admin: DeadLetterAdmin, title: str, **extra: Any
+    request: HttpRequest, model_admin: ModelAdmin, title: str, **extra: Any
 ) -> dict[str, Any]:
     request.current_app = model_admin.admin_site.name  # {% url 'admin:...' %} follows it
     return {
@@ -117,7 +115,7 @@ def _redis_guard(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
     computed before rendering, so templates never touch Redis themselves."""
 
     @functools.wraps(view)
-    def guarded(request: HttpRequest, model_admin: DeadLetterAdmin, **kwargs: Any) -> Any:
+    def guarded(request: HttpRequest, model_admin: ModelAdmin, **kwargs: Any) -> Any:
         try:
             return view(request, model_admin, **kwargs)
         except RedisError as exc:
@@ -140,7 +138,7 @@ def _redis_guard(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
 
 
 def _search(
-    model_admin: DeadLetterAdmin, store: dlq.DeadLetterStore, counts: dlq.Counts, q: str
+    model_admin: ModelAdmin, store: dlq.DeadLetterStore, counts: dlq.Counts, q: str
 ) -> HttpResponse | list[str]:
     """An exact entry id opens it; else the task names containing ``q`` (one: filtered)."""
     if store.get(q) is not None:
@@ -190,7 +188,7 @@ def _cursor(request: HttpRequest) -> dlq.Cursor | None:
 @never_cache
 @require_GET
 @_redis_guard
-def changelist(request: HttpRequest, model_admin: DeadLetterAdmin) -> HttpResponse:
+def changelist(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     """The entries, newest failure first, PAGE_SIZE a page, filtered by task and reason."""
     _require(model_admin.has_view_permission(request))
     store = dlq.store()
@@ -248,7 +246,7 @@ def _history(entry: dlq.Entry) -> list[dict[str, Any]]:
 @never_cache
 @require_GET
 @_redis_guard
-def detail(request: HttpRequest, model_admin: DeadLetterAdmin, entry_id: str) -> HttpResponse:
+def detail(request: HttpRequest, model_admin: ModelAdmin, entry_id: str) -> HttpResponse:
     """Everything an entry holds: summary, error, traceback, envelope (or raw), history."""
     _require(model_admin.has_view_permission(request))
     entry = dlq.store().get(entry_id)
@@ -287,7 +285,7 @@ def _pins(values: Iterable[str]) -> list[Pin]:
     return pins
 
 
-def _back(model_admin: DeadLetterAdmin, form: Mapping[str, str]) -> str:
+def _back(model_admin: ModelAdmin, form: Mapping[str, str]) -> str:
     """The list, with the filters the action was started from."""
     filters = {k: form[k] for k in ("task", "reason") if k in form}
     return _url(model_admin, "changelist") + (_query(**filters) if filters else "")
@@ -311,7 +309,7 @@ def _preview(action: str, pin: Pin, entry: dlq.Entry | None) -> str:
 
 
 def _confirm(
-    request: HttpRequest, model_admin: DeadLetterAdmin, action: str, pins: list[Pin]
+    request: HttpRequest, model_admin: ModelAdmin, action: str, pins: list[Pin]
 ) -> HttpResponse:
     store = dlq.store()
     rows = []
@@ -374,7 +372,7 @@ def _delete(request: HttpRequest, pins: Sequence[Pin]) -> None:
 @never_cache
 @require_POST
 @_redis_guard
-def act(request: HttpRequest, model_admin: DeadLetterAdmin) -> HttpResponse:
+def act(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     """Release or delete the selected entries: the first POST shows what will happen,
     only a second one with ``confirm=yes`` does it."""
     _require(model_admin.has_manage_permission(request))

@@ -25,10 +25,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules
 
 from . import conf
-from .core.config import Config
-from .core.connection import describe, redact, sync_client
+from .core.broker.transport import SentinelTransport, Transport
+from .core.model.config import Config
+from .core.store.connection import describe, redact, sync_client
 from .core.task import RelierTask
-from .core.transport import SentinelTransport, Transport
 
 TAG = "relier"
 """The check tag: ``manage.py check --tag relier`` runs only these checks."""

@@ -23,8 +23,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-from .core import config as core_config
-from .core.errors import ConfigError
+from .core.model import config as core_config
+from .core.model.errors import ConfigError
 
 _env = environ.Env()
 

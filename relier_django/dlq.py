@@ -12,13 +12,14 @@ from typing import Any
 from celery import current_app
 
 from . import conf
-from .core.connection import describe, sync_client
-from .core.dlq import Entry, Reason, Summary, iso
-from .core.dlq_store import MAX_PAGE, Counts, Cursor, DeadLetterStore, Page, Query
-from .core.errors import EntryNotReleasable
-from .core.keys import KeySpace
-from .core.receipt import Receipt
-from .core.release import BulkRelease, release, release_matching
+from .core.dlq.entries import Entry, Summary, iso
+from .core.dlq.release import BulkRelease, release, release_matching
+from .core.dlq.store import MAX_PAGE, Counts, Cursor, DeadLetterStore, Page, Query
+from .core.model.errors import EntryNotReleasable
+from .core.model.failure import Reason
+from .core.store.connection import describe, sync_client
+from .core.store.keys import KeySpace
+from .core.store.receipt import Receipt
 
 __all__ = [
     "MAX_PAGE",

@@ -22,10 +22,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 
 from . import conf
-from .core.config import Config
-from .core.connection import async_client, sync_client
-from .core.keys import KeySpace
-from .core.ratelimit import Decision, Rate, check_scope, hit
+from .core.extras.ratelimit import Decision, Rate, check_scope, hit
+from .core.model.config import Config
+from .core.store.connection import async_client, sync_client
+from .core.store.keys import KeySpace
 
 __all__ = ["ANONYMOUS", "KEYS", "Rate", "client_ip", "rate_limit", "request_ip"]
 

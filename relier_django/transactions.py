@@ -14,8 +14,8 @@ from collections.abc import Callable
 from celery import current_app
 from django.db import transaction
 
-from .core import producer
-from .core.receipt import Receipt
+from .core.push import producer
+from .core.store.receipt import Receipt
 
 
 def defer_until_commit(using: str | None, callback: Callable[[], None]) -> bool:
@@ -55,6 +55,6 @@ def replay(envelope: str) -> Receipt:
     Safe to repeat: the task keeps its id; a second copy of a stored task is refused
     by the worker (one start per fence), and a replay of a task that finished within
     ``RESULT_TTL_S`` raises ``DuplicateTaskId``. See
-    ``relier_django.core.producer.replay``.
+    ``relier_django.core.push.producer.replay``.
     """
     return producer.replay(current_app, envelope)

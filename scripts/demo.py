@@ -177,7 +177,7 @@ def outcomes(client, receipts: dict[str, object]) -> dict[str, str | None]:
     """'ok', 'failed' (in the DLQ) or None (no outcome) per label, read from Redis."""
     import json
 
-    from relier_django.core.keys import KeySpace
+    from relier_django.core.store.keys import KeySpace
 
     keys = KeySpace("rl")
     records = client.mget([keys.result(r.task_id) for r in receipts.values()])
@@ -211,7 +211,7 @@ def records(client, receipts: dict[str, object]) -> dict[str, dict | None]:
     """Each label's outcome record as receipts read it (None: no outcome yet)."""
     import json
 
-    from relier_django.core.keys import KeySpace
+    from relier_django.core.store.keys import KeySpace
 
     keys = KeySpace("rl")
     raw = client.mget([keys.result(r.task_id) for r in receipts.values()])

@@ -36,9 +36,9 @@ from types import TracebackType
 from typing import BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
-from relier_django.core import config as core_config
-from relier_django.core import connection
-from relier_django.core.config import Config
+from relier_django.core.model import config as core_config
+from relier_django.core.model.config import Config
+from relier_django.core.store import connection
 
 logger = logging.getLogger(__name__)
 

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
-from relier_django.core import config, dlq, idempotency, producer
-from relier_django.core.connection import sync_client
-from relier_django.core.dlq import Failure, Reason
-from relier_django.core.envelope import Envelope, decode
-from relier_django.core.keys import KeySpace
+from relier_django.core.dlq import dead_letter as dlq
+from relier_django.core.model import config
+from relier_django.core.model.envelope import Envelope, decode
+from relier_django.core.model.failure import Failure, Reason
+from relier_django.core.push import idempotency, producer
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
 from testproject.demo import tasks
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 
-from relier_django.core.keys import KeySpace
+from relier_django.core.store.keys import KeySpace
 
 
 def assert_no_leaked_keys(client, keys: KeySpace | None = None) -> None:

@@ -40,7 +40,7 @@ def _leftovers(client, task_id: str) -> bool:
 def _producer(run: Run, items: list[Item], stats: SpikeStats, seed: str, start) -> None:  # type: ignore[no-untyped-def]
     import uuid
 
-    from relier_django.core.errors import AdmissionRejected
+    from relier_django.core.model.errors import AdmissionRejected
 
     rng = random.Random(seed)
     client = run.client

@@ -8,14 +8,17 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from . import bridge, celery_signals, config, producer
-from .idempotency import KeyOption
-from .producer import PushWith
-from .rates import Rate
-from .receipt import Receipt
-from .runner import Runner
-from .schema import Migration, Schema
-from .spec import TaskSpec
+from .model import config
+from .model.idem_key import KeyOption
+from .model.rates import Rate
+from .model.schema import Migration, Schema
+from .model.spec import TaskSpec
+from .push import producer
+from .push.producer import PushWith
+from .store import bridge
+from .store.receipt import Receipt
+from .worker import signals
+from .worker.runner import Runner
 
 
 class RelierTask(Task):
@@ -99,7 +102,7 @@ def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> None:
         self.relier_spec,
         self.app,
         config.current(),
-        celery_signals.worker_id(self.request.hostname),
+        signals.worker_id(self.request.hostname),
         queue=(self.request.delivery_info or {}).get("routing_key") or "",
     )
     if len(args) == 1 and not kwargs:
@@ -215,7 +218,7 @@ def rl_task(
             soft_timeout_s=soft_timeout, hard_timeout_s=hard_timeout,
             on_soft_timeout=on_soft_timeout, rate_limit=own_rate, schema=schema,
         )  # fmt: skip
-        celery_signals.connect()
+        signals.connect()
         body = _make_body(func)
         return shared_task(  # type: ignore[no-any-return]
             name=task_name, bind=True, base=RelierTask, relier_spec=spec

@@ -18,8 +18,8 @@ import redis
 from celery import shared_task, signals
 
 from relier_django import TaskContext, rl_task
-from relier_django.core import config
-from relier_django.core.connection import async_client, sync_client
+from relier_django.core.model import config
+from relier_django.core.store.connection import async_client, sync_client
 
 
 def _redis() -> redis.Redis:

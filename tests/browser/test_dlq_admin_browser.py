@@ -20,10 +20,12 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from relier_django import TaskFailed
-from relier_django.core import config, dlq, idempotency, producer
-from relier_django.core.connection import sync_client
-from relier_django.core.dlq import Failure, Reason
-from relier_django.core.keys import KeySpace
+from relier_django.core.dlq import dead_letter as dlq
+from relier_django.core.model import config
+from relier_django.core.model.failure import Failure, Reason
+from relier_django.core.push import idempotency, producer
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
 from testproject.cluster import REPO_ROOT
 from testproject.demo import tasks
 

@@ -12,10 +12,10 @@ import time
 import pytest
 
 from relier_django import TaskFailed
-from relier_django.core import config
-from relier_django.core.connection import sync_client
-from relier_django.core.dlq_store import DeadLetterStore
-from relier_django.core.keys import KeySpace
+from relier_django.core.dlq.store import DeadLetterStore
+from relier_django.core.model import config
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
 from testproject.cluster import wait_until
 from testproject.demo import tasks
 from tests.leaks import assert_no_leaked_keys
@@ -148,8 +148,9 @@ def test_a_task_that_kills_its_worker_every_time_lands_in_the_dlq(fast_worker, r
 
 
 def test_two_resurrectors_racing_dispatch_each_expired_task_once(redis_client):
-    from relier_django.core import fencing, idempotency, producer
-    from relier_django.core.resurrector import Resurrector
+    from relier_django.core.push import idempotency, producer
+    from relier_django.core.recovery.resurrector import Resurrector
+    from relier_django.core.worker import fencing
 
     client = sync_client(config.current())
     envs = [producer.prepare(tasks.record.relier_spec, (f"race-{i}",), {}) for i in range(200)]
@@ -363,8 +364,9 @@ def test_on_relier_s_transport_a_dead_workers_reserved_tasks_come_back_once(
 
 def test_a_scanner_with_a_skewed_clock_resurrects_nothing_early(redis_client, monkeypatch):
 
-    from relier_django.core import fencing, idempotency, producer
-    from relier_django.core.resurrector import Resurrector
+    from relier_django.core.push import idempotency, producer
+    from relier_django.core.recovery.resurrector import Resurrector
+    from relier_django.core.worker import fencing
 
     client = sync_client(config.current())
     env = producer.prepare(tasks.record.relier_spec, ("skew",), {})
@@ -380,7 +382,7 @@ def test_a_scanner_with_a_skewed_clock_resurrects_nothing_early(redis_client, mo
 def test_a_resurrection_limited_task_released_from_the_dlq_runs_with_a_fresh_fence(
     fast_worker, redis_client
 ):
-    from relier_django.core.release import release
+    from relier_django.core.dlq.release import release
     from testproject.celery import app
 
     fast_worker()
@@ -400,8 +402,8 @@ def test_a_resurrection_limited_task_released_from_the_dlq_runs_with_a_fresh_fen
 
 
 def test_a_release_runs_once_even_when_two_operators_race(worker, redis_client):
-    from relier_django.core.errors import EntryNotReleasable
-    from relier_django.core.release import release
+    from relier_django.core.dlq.release import release
+    from relier_django.core.model.errors import EntryNotReleasable
     from testproject.celery import app
 
     receipt = tasks.explode.push("race-release")
@@ -433,7 +435,7 @@ def test_a_release_runs_once_even_when_two_operators_race(worker, redis_client):
 
 
 def test_a_release_whose_dispatch_fails_leaves_the_entry_in_the_dlq(worker, redis_client):
-    from relier_django.core.release import release
+    from relier_django.core.dlq.release import release
 
     receipt = tasks.explode.push("release-fails")
     with pytest.raises(TaskFailed):
@@ -456,8 +458,9 @@ def test_a_release_whose_dispatch_fails_leaves_the_entry_in_the_dlq(worker, redi
 
 
 def test_a_deep_recovery_queue_defers_resurrection_and_leaves_tasks_covered(redis_client, caplog):
-    from relier_django.core import fencing, idempotency, producer
-    from relier_django.core.resurrector import Resurrector
+    from relier_django.core.push import idempotency, producer
+    from relier_django.core.recovery.resurrector import Resurrector
+    from relier_django.core.worker import fencing
     from testproject.celery import app
 
     cfg = config.current().replace(recovery_max_depth=1)
@@ -478,8 +481,8 @@ def test_a_deep_recovery_queue_defers_resurrection_and_leaves_tasks_covered(redi
 
 
 def test_a_release_pinned_to_a_failure_leaves_a_later_failure_alone(worker, redis_client):
-    from relier_django.core.errors import EntryNotReleasable
-    from relier_django.core.release import release
+    from relier_django.core.dlq.release import release
+    from relier_django.core.model.errors import EntryNotReleasable
     from testproject.celery import app
 
     client = sync_client(config.current())

@@ -8,9 +8,11 @@ import subprocess
 import sys
 import time
 
-from relier_django.core import config, fencing, idempotency, producer
-from relier_django.core.connection import sync_client
-from relier_django.core.keys import KeySpace
+from relier_django.core.model import config
+from relier_django.core.push import idempotency, producer
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.worker import fencing
 from testproject.cluster import REPO_ROOT, wait_until, worker_env
 from testproject.demo import tasks
 

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from relier_django.core import config
-from relier_django.core.connection import sync_client
-from relier_django.core.keys import KeySpace
+from relier_django.core.model import config
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
 from testproject.cluster import (
     SentinelGroup,

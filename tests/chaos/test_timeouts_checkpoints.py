@@ -11,9 +11,10 @@ import pytest
 
 from relier_django import TaskFailed
 from relier_django import dlq as django_dlq
-from relier_django.core import checkpoint, config
-from relier_django.core.connection import sync_client
-from relier_django.core.keys import KeySpace
+from relier_django.core.model import config
+from relier_django.core.store import checkpoint
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
 from testproject.cluster import wait_until
 from testproject.demo import tasks
 from tests.leaks import assert_no_leaked_keys
@@ -105,7 +106,8 @@ def test_large_checkpoints_go_to_files_and_are_removed_on_commit(
 
 
 def test_a_superseded_incarnation_cannot_overwrite_the_checkpoint(redis_client):
-    from relier_django.core import fencing, idempotency, producer
+    from relier_django.core.push import idempotency, producer
+    from relier_django.core.worker import fencing
 
     client = sync_client(config.current())
     env = producer.prepare(tasks.record.relier_spec, ("cp",), {})

@@ -11,12 +11,13 @@ import threading
 import pytest
 
 from relier_django import AdmissionRejected, TaskFailed, rl_task
-from relier_django.core import admission, config
-from relier_django.core.config import Config
-from relier_django.core.connection import sync_client
-from relier_django.core.errors import ConfigError
-from relier_django.core.keys import KeySpace
-from relier_django.core.rates import Rate
+from relier_django.core.model import config
+from relier_django.core.model.config import Config
+from relier_django.core.model.errors import ConfigError
+from relier_django.core.model.rates import Rate
+from relier_django.core.push import admission
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
 from testproject.demo import tasks
 
 KEYS = KeySpace("rl")
@@ -137,7 +138,7 @@ def test_malformed_limits_are_configuration_errors():
 
 def test_a_replayed_push_is_not_counted_twice(limits):
     """A client retry after a lost reply re-runs push.lua with the same envelope."""
-    from relier_django.core import idempotency, producer
+    from relier_django.core.push import idempotency, producer
 
     limits(ADMISSION_LIMIT="5/m")
     cfg = config.current()
@@ -152,7 +153,7 @@ def test_a_replayed_push_is_not_counted_twice(limits):
 def test_retries_resurrections_and_releases_are_not_counted(limits, worker_factory):
     """Only a push is new work. The worker runs with the same limit, so a retry,
     resurrection or release that counted would fill it before the last push."""
-    from relier_django.core.release import release
+    from relier_django.core.dlq.release import release
     from testproject.celery import app
 
     limits(ADMISSION_LIMIT="4/h")  # an hour: the window cannot reset mid-test

@@ -23,7 +23,7 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from relier_django import conf
-from relier_django.core.spec import TaskSpec
+from relier_django.core.model.spec import TaskSpec
 from relier_django.core.task import RelierTask
 from testproject.cluster import REPO_ROOT, CeleryWorker, RedisServer, free_port, worker_env
 
@@ -448,7 +448,7 @@ def test_a_worker_refuses_to_start_on_settings_it_cannot_load(redis_server, redi
     # G6 at the worker: a worker that cannot load its settings would take messages only
     # to fail each, leaving the tasks for QUEUED_GRACE_S. It exits instead, naming every
     # bad value in one line, and consumes nothing.
-    from relier_django.core.keys import KeySpace
+    from relier_django.core.store.keys import KeySpace
     from testproject.demo import tasks
 
     receipt = tasks.record.push("pushed-before-the-bad-worker")

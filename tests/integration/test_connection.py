@@ -22,11 +22,11 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 
 from relier_django import conf
-from relier_django.core import connection
-from relier_django.core.config import Config
-from relier_django.core.connection import async_client, redact, sync_client
-from relier_django.core.errors import ConfigError
-from relier_django.core.scripts import LuaScript
+from relier_django.core.model.config import Config
+from relier_django.core.model.errors import ConfigError
+from relier_django.core.store import connection
+from relier_django.core.store.connection import async_client, redact, sync_client
+from relier_django.core.store.scripts import LuaScript
 from testproject.cluster import (
     REPO_ROOT,
     CeleryWorker,
@@ -292,8 +292,8 @@ def test_rediss_makes_the_sentinel_and_the_master_connections_tls(tmp_path, tls_
 
 
 def test_the_pipelined_admission_check_finds_the_master_through_sentinel(watched):
-    from relier_django.core import admission
-    from relier_django.core.rates import Rate
+    from relier_django.core.model.rates import Rate
+    from relier_django.core.push import admission
 
     master, sentinel = watched
     cfg = _via_sentinel(sentinel, "sentinel-pass")

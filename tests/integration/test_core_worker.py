@@ -9,10 +9,10 @@ import json
 import pytest
 
 from relier_django import TaskFailed
-from relier_django.core import config
-from relier_django.core.connection import sync_client
-from relier_django.core.dlq_store import DeadLetterStore
-from relier_django.core.keys import KeySpace
+from relier_django.core.dlq.store import DeadLetterStore
+from relier_django.core.model import config
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
 from testproject.demo import tasks
 from tests.leaks import assert_no_leaked_keys
 
@@ -126,8 +126,8 @@ def test_same_arguments_on_two_tasks_never_share_a_result(worker, redis_client):
 
 
 def test_an_unknown_task_name_goes_to_the_dlq_and_never_runs(worker, redis_client):
-    from relier_django.core import producer
-    from relier_django.core.spec import TaskSpec
+    from relier_django.core.model.spec import TaskSpec
+    from relier_django.core.push import producer
     from testproject.celery import app
 
     ghost = TaskSpec(name="demo.ghost", fn=lambda label: None)
@@ -138,7 +138,7 @@ def test_an_unknown_task_name_goes_to_the_dlq_and_never_runs(worker, redis_clien
 
 
 def test_a_tampered_message_is_dead_lettered_with_its_raw_body_and_never_runs(worker, redis_client):
-    from relier_django.core import producer
+    from relier_django.core.push import producer
     from testproject.celery import app
 
     env = producer.prepare(tasks.record.relier_spec, ("t1",), {})

@@ -18,7 +18,8 @@ from django.urls import reverse
 
 from relier_django import conf
 from relier_django import dlq as dlq_api
-from relier_django.core.dlq import Reason
+from relier_django.core.broker import publish
+from relier_django.core.model.failure import Reason
 from testproject.cluster import free_port
 from testproject.demo import tasks
 from tests.dlq_entries import fail, traceback_of, untied
@@ -159,15 +160,13 @@ def test_a_broker_that_refuses_a_release_is_a_message_and_the_entry_stays(
 ):
     from kombu.exceptions import OperationalError
 
-    from relier_django.core import broker
-
     env = fail(tasks.record, "broker-down")
     before = store.get(env.id)
 
     def refuse(*args, **kwargs):
         raise OperationalError("Error 111 connecting to the broker")
 
-    monkeypatch.setattr(broker, "send", refuse)
+    monkeypatch.setattr(publish, "send", refuse)
     login("view_dlq", "manage_dlq")
     done = client.post(
         reverse(ACTIONS), {"action": "release", "selected": pin(env), "confirm": "yes"}

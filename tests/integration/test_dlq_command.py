@@ -18,10 +18,10 @@ from django.core.management.base import CommandError
 
 from relier_django import conf
 from relier_django import dlq as django_dlq
-from relier_django.core import dlq
-from relier_django.core.dlq import Reason
-from relier_django.core.dlq_store import DeadLetterStore
-from relier_django.core.keys import KeySpace
+from relier_django.core.dlq.entries import iso
+from relier_django.core.dlq.store import DeadLetterStore
+from relier_django.core.model.failure import Reason
+from relier_django.core.store.keys import KeySpace
 from relier_django.dlq_render import utc_text
 from testproject.cluster import free_port
 from testproject.demo import tasks
@@ -494,8 +494,8 @@ def test_stats_counts_by_reason_task_and_both_with_the_oldest_and_newest_failure
             {"reason": "exception", "task": tasks.record.name, "count": 2},
             {"reason": "hard_timeout", "task": tasks.sync_record.name, "count": 1},
         ],
-        "oldest_failure_at": dlq.iso(store.get(first).summary.failed_at_ms),
-        "newest_failure_at": dlq.iso(store.get(last).summary.failed_at_ms),
+        "oldest_failure_at": iso(store.get(first).summary.failed_at_ms),
+        "newest_failure_at": iso(store.get(last).summary.failed_at_ms),
     }
     out, _ = run("stats")
     assert out.startswith("3 entries; failures from ")

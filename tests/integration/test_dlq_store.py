@@ -10,14 +10,19 @@ import time
 
 import pytest
 
-from relier_django.core import broker, config, dlq, producer, release, scripts
-from relier_django.core.connection import sync_client
-from relier_django.core.dlq import Failure, Reason
-from relier_django.core.dlq_store import Cursor, DeadLetterStore, Query, lex_member
-from relier_django.core.envelope import decode
-from relier_django.core.errors import DuplicateTaskId, EntryNotReleasable
-from relier_django.core.fencing import history_tail
-from relier_django.core.keys import KeySpace
+from relier_django.core.broker import publish
+from relier_django.core.dlq import dead_letter as dlq
+from relier_django.core.dlq import release
+from relier_django.core.dlq.store import Cursor, DeadLetterStore, Query, lex_member
+from relier_django.core.model import config
+from relier_django.core.model.envelope import decode
+from relier_django.core.model.errors import DuplicateTaskId, EntryNotReleasable
+from relier_django.core.model.failure import Failure, Reason
+from relier_django.core.model.transition import history_tail
+from relier_django.core.push import producer
+from relier_django.core.store import scripts
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
 from testproject.demo import tasks
 from tests.dlq_entries import fail, traceback_of, untied
@@ -275,7 +280,7 @@ def test_a_refused_dispatch_puts_the_entry_back_in_every_index(store, monkeypatc
     def refuse(*args, **kwargs):
         raise ConnectionError("broker down")
 
-    monkeypatch.setattr(broker, "send", refuse)
+    monkeypatch.setattr(publish, "send", refuse)
     with pytest.raises(ConnectionError):
         release.release(app, config.current(), env.id)
     assert store.counts() == before
@@ -323,8 +328,8 @@ def test_a_release_built_from_a_stale_read_is_refused_not_given_a_reused_fence(s
 
 
 def test_deleting_or_purging_an_entry_removes_its_checkpoint_files(redis_client, tmp_path):
-    from relier_django.core import checkpoint
-    from relier_django.core.config import Config
+    from relier_django.core.model.config import Config
+    from relier_django.core.store import checkpoint
 
     files = Config(checkpoint_dir=str(tmp_path), checkpoint_max_bytes=1)
     envs = [fail(tasks.record, f"files{i}") for i in range(3)]

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 
-from relier_django.core import broker, config, dlq, fencing, idempotency, outcome, producer
-from relier_django.core.connection import sync_client
-from relier_django.core.dlq import Failure, Reason
-from relier_django.core.envelope import decode
-from relier_django.core.keys import KeySpace
+from relier_django.core.broker import publish
+from relier_django.core.dlq import dead_letter as dlq
+from relier_django.core.model import config, outcome
+from relier_django.core.model.envelope import decode
+from relier_django.core.model.failure import Failure, Reason
+from relier_django.core.push import idempotency, producer
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.worker import fencing
 from testproject.celery import app
 from testproject.cluster import wait_until
 from testproject.demo import tasks
@@ -26,7 +30,7 @@ def test_a_stale_incarnation_cannot_commit_and_the_current_result_stands(worker,
     old = decode(client.hget(task_key, "env"))
     nxt = old.next_incarnation(resurrections=1)
     client.hset(task_key, mapping={"fence": nxt.fence, "state": "queued", "env": nxt.encode()})
-    broker.send(app, nxt)
+    publish.send(app, nxt)
 
     result = receipt.get(timeout=30)
     assert result["fence"] == 2

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-from relier_django.core import config, fencing, idempotency, producer
-from relier_django.core.connection import close_loop_clients, sync_client
-from relier_django.core.heartbeat import Heartbeats
-from relier_django.core.keys import KeySpace
+from relier_django.core.model import config
+from relier_django.core.push import idempotency, producer
+from relier_django.core.store.connection import close_loop_clients, sync_client
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.worker import fencing
+from relier_django.core.worker.heartbeat import Heartbeats
 from testproject.demo import tasks
 
 KEYS = KeySpace("rl")

@@ -12,10 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from relier_django.core import config, idempotency, producer
-from relier_django.core.connection import sync_client
-from relier_django.core.envelope import Envelope
-from relier_django.core.keys import KeySpace
+from relier_django.core.model import config
+from relier_django.core.model.envelope import Envelope
+from relier_django.core.push import idempotency, producer
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
 from testproject.cluster import REPO_ROOT, worker_env
 from testproject.demo import tasks
@@ -142,7 +143,7 @@ def test_push_script_is_safe_to_replay_and_refuses_a_different_envelope_on_the_s
 
 def test_push_refuses_the_id_of_a_finished_task_while_its_outcome_is_kept(redis_client, worker):
     """A reused id (or a replayed envelope) must not run finished work a second time."""
-    from relier_django.core.errors import DuplicateTaskId
+    from relier_django.core.model.errors import DuplicateTaskId
 
     first = tasks.record.push("finished-once")
     assert first.get(timeout=30)["runs"] == 1

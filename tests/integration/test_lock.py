@@ -20,11 +20,11 @@ import time
 
 import pytest
 
-from relier_django.core import config
-from relier_django.core.connection import close_loop_clients
-from relier_django.core.errors import LockLost, LockNotAcquired, RelierError
-from relier_django.core.keys import KeySpace
-from relier_django.core.lock import Lock, lock
+from relier_django.core.extras.lock import Lock, lock
+from relier_django.core.model import config
+from relier_django.core.model.errors import LockLost, LockNotAcquired, RelierError
+from relier_django.core.store.connection import close_loop_clients
+from relier_django.core.store.keys import KeySpace
 from testproject.cluster import REPO_ROOT, wait_until
 
 KEYS = KeySpace("rl")
@@ -265,7 +265,7 @@ _PRELUDE = """
 import sys, time
 import redis
 from relier_django.core import config
-from relier_django.core.lock import lock
+from relier_django.core.extras.lock import lock
 config.override(config.Config(redis_url=sys.argv[1]))
 r = redis.Redis.from_url(sys.argv[1], decode_responses=True)
 """

@@ -14,9 +14,9 @@ import threading
 import pytest
 import redis
 
-from relier_django.core import connection
-from relier_django.core.connection import async_client, sync_client
-from relier_django.core.scripts import LuaScript, ScriptCall
+from relier_django.core.store import connection
+from relier_django.core.store.connection import async_client, sync_client
+from relier_django.core.store.scripts import LuaScript, ScriptCall
 from testproject.lostreply import (
     LostReplyProxy,
     RespStream,

@@ -24,10 +24,10 @@ from django.urls import path
 from django.utils.connection import ConnectionDoesNotExist
 
 from relier_django import DuplicateTaskId
-from relier_django.core import aftercommit
-from relier_django.core.envelope import decode
-from relier_django.core.keys import KeySpace
-from relier_django.core.receipt import DispatchState, NotDispatched, Receipt
+from relier_django.core.model.envelope import decode
+from relier_django.core.push import aftercommit
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.store.receipt import DispatchState, NotDispatched, Receipt
 from relier_django.transactions import replay
 from testproject.cluster import CeleryWorker, free_port, process_pointed_at, redis_server
 from testproject.demo import tasks

@@ -20,10 +20,11 @@ from typing import Any, TypeVar
 import pytest
 import redis.exceptions
 
-from relier_django.core import admission, pipelined
-from relier_django.core.config import Config
-from relier_django.core.keys import KeySpace
-from relier_django.core.rates import Rate
+from relier_django.core.model.config import Config
+from relier_django.core.model.rates import Rate
+from relier_django.core.push import admission
+from relier_django.core.store import pipelined
+from relier_django.core.store.keys import KeySpace
 from testproject.cluster import redis_server
 
 KEYS = KeySpace("rl")

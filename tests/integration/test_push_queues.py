@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from relier_django.core import broker, config, idempotency, producer
-from relier_django.core.connection import sync_client
-from relier_django.core.keys import KeySpace
+from relier_django.core.broker import publish
+from relier_django.core.model import config
+from relier_django.core.push import idempotency, producer
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
 from testproject.cluster import CeleryWorker, RedisServer, process_pointed_at
 from testproject.demo import tasks
@@ -22,7 +24,7 @@ KEYS = KeySpace("rl")
 
 
 def test_push_queues_the_message_in_the_script_that_stores_it(redis_client, monkeypatch):
-    monkeypatch.setattr(broker, "send", _no_publish)
+    monkeypatch.setattr(publish, "send", _no_publish)
     receipt = tasks.record.push("one-step")
     (raw,) = redis_client.lrange("celery", 0, -1)
     message = json.loads(raw)
@@ -42,7 +44,7 @@ def test_a_replayed_call_queues_the_message_once(redis_client):
     client = sync_client(config.current())
     env = producer.prepare(tasks.record.relier_spec, ("replayed",), {})
     encoded = env.encode()
-    message = broker.message_for_store(app, env, encoded, client)
+    message = publish.message_for_store(app, env, encoded, client)
     assert message is not None
     call = idempotency.store(KEYS, env, encoded, 60_000, 3, message=message)
     assert call.run(client) == call.run(client) == idempotency.StoreResult(True, env.id)
@@ -62,7 +64,7 @@ def test_a_broker_on_another_database_is_published_to_after_the_store(redis_serv
         client = sync_client(config.current())
         env = producer.prepare(tasks.record.relier_spec, ("elsewhere",), {})
         # Not the store's database: push.lua cannot reach the broker's list.
-        assert broker.message_for_store(app, env, env.encode(), client) is None
+        assert publish.message_for_store(app, env, env.encode(), client) is None
         receipt = tasks.record.push("elsewhere")
     broker_db = redis.Redis.from_url(other_db)
     try:
@@ -76,7 +78,7 @@ def test_a_broker_on_another_database_is_published_to_after_the_store(redis_serv
 
 
 def test_kombus_global_keyprefix_is_applied_to_the_queue_list(redis_client, monkeypatch):
-    monkeypatch.setattr(broker, "send", _no_publish)
+    monkeypatch.setattr(publish, "send", _no_publish)
     options = {**app.conf.broker_transport_options, "global_keyprefix": "tenant-a:"}
     with process_pointed_at({}, broker_transport_options=options):
         receipt = tasks.record.push("prefixed")
@@ -102,13 +104,13 @@ def test_over_a_unix_socket_a_push_is_stored_then_published_and_runs_once(monkey
         extra_env={"CELERY_BROKER_URL": broker_url, "CELERY_BROKER_TRANSPORT": "redis"},
     )
     sent = []
-    real_send = broker.send
+    real_send = publish.send
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         sent.append(args[1].id)
         return real_send(*args, **kwargs)
 
-    monkeypatch.setattr(broker, "send", counted)
+    monkeypatch.setattr(publish, "send", counted)
     try:
         worker.start()
         env = {"RELIER_REDIS_URL": relier_url, "CELERY_BROKER_URL": broker_url}
@@ -138,7 +140,7 @@ def test_a_replay_that_fails_to_publish_never_undoes_the_identical_one_that_sent
             env = producer.prepare(tasks.record.relier_spec, ("replayed-twice",), {})
             text = env.encode()
             assert producer.replay(app, text).task_id == env.id
-            monkeypatch.setattr(broker, "send", _broker_down)
+            monkeypatch.setattr(publish, "send", _broker_down)
             with pytest.raises(ConnectionError, match="broker down"):
                 producer.replay(app, text)
         (raw,) = broker_db.lrange("celery", 0, -1)

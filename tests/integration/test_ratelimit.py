@@ -32,9 +32,9 @@ from django.views import View
 
 from relier_django import conf
 from relier_django import ratelimit as django_ratelimit
-from relier_django.core.connection import close_loop_clients
-from relier_django.core.keys import KeySpace
-from relier_django.core.ratelimit import Rate, hit
+from relier_django.core.extras.ratelimit import Rate, hit
+from relier_django.core.store.connection import close_loop_clients
+from relier_django.core.store.keys import KeySpace
 from relier_django.ratelimit import rate_limit
 from testproject.cluster import free_port
 from tests import ratelimit_urls

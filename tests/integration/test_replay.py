@@ -1,6 +1,6 @@
 """G10, the whole class: every Lua script, its reply lost after Redis ran it.
 
-For each ``.lua`` file in ``relier_django/core/lua`` (found by listing the folder, so a
+For each ``.lua`` file in ``relier_django/core/store/lua`` (found by listing the folder, so a
 new script fails here until it has a scenario), the scenario's call is made twice on
 a freshly flushed Redis, both times through the lost-reply proxy with relier's own
 clients (retry policy, fast lane): once as it is, once with the reply of that script's
@@ -30,25 +30,19 @@ from typing import Any
 import pytest
 import redis
 
-from relier_django.core import (
-    admission,
-    checkpoint,
-    config,
-    dlq,
-    fencing,
-    idempotency,
-    lock,
-    outcome,
-    producer,
-    ratelimit,
-    release,
-    scripts,
-)
-from relier_django.core.connection import sync_client
-from relier_django.core.dlq import Failure, Reason
-from relier_django.core.dlq_store import DeadLetterStore
-from relier_django.core.keys import KeySpace
-from relier_django.core.rates import Rate
+from relier_django.core.dlq import dead_letter as dlq
+from relier_django.core.dlq import release
+from relier_django.core.dlq.store import DeadLetterStore
+from relier_django.core.extras import lock, ratelimit
+from relier_django.core.model import config, outcome
+from relier_django.core.model.failure import Failure, Reason
+from relier_django.core.model.rates import Rate
+from relier_django.core.model.transition import history_tail
+from relier_django.core.push import admission, idempotency, producer
+from relier_django.core.store import checkpoint, scripts
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.worker import fencing
 from testproject.celery import app
 from testproject.demo import tasks
 from testproject.lostreply import LostReplyProxy, config_through
@@ -118,7 +112,7 @@ def _releasing(cfg: config.Config, client: redis.Redis) -> Any:
     """release.lua has run for the dead task: the entry is marked, fence 2 is stored."""
     env = _dead(cfg, client)
     nxt = env.next_incarnation(attempt=1)
-    tail = fencing.history_tail("released", fence=nxt.fence)
+    tail = history_tail("released", fence=nxt.fence)
     keys = _keys(cfg)
     code = scripts.ScriptCall(
         scripts.RELEASE,
@@ -181,7 +175,7 @@ def resurrected(cfg: config.Config, client: redis.Redis) -> Any:
     env = _expired(cfg, client)
     lease = _resurrect_call(cfg).run(client)
     fence = int(lease[0][1])
-    tail = fencing.history_tail("resurrected", fence=fence, scanner="scanner-1")
+    tail = history_tail("resurrected", fence=fence, scanner="scanner-1")
     call = scripts.ScriptCall(
         scripts.RESURRECTED,
         _keys(cfg).for_resurrected([env.id]),
@@ -296,7 +290,7 @@ CASES: dict[str, Case] = {
 
 
 def _script_names() -> list[str]:
-    folder = resources.files("relier_django.core").joinpath("lua")
+    folder = resources.files("relier_django.core.store").joinpath("lua")
     return sorted(
         p.name.removesuffix(".lua")
         for p in folder.iterdir()

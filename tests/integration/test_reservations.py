@@ -8,10 +8,11 @@ from types import SimpleNamespace
 
 from celery.worker import state
 
-from relier_django.core import config, idempotency, producer
-from relier_django.core.connection import sync_client
-from relier_django.core.keys import KeySpace
-from relier_django.core.reservations import Reservations, waiting_request_ids
+from relier_django.core.model import config
+from relier_django.core.push import idempotency, producer
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.worker.reservations import Reservations, waiting_request_ids
 from testproject.demo import tasks
 
 KEYS = KeySpace("rl")

@@ -10,11 +10,14 @@ import uuid
 import pytest
 import redis
 
-from relier_django.core import config, idempotency, producer, resurrector, scripts
-from relier_django.core.connection import sync_client
-from relier_django.core.fencing import history_tail
-from relier_django.core.keys import KeySpace
-from relier_django.core.resurrector import SCRIPT_BATCH, Resurrector
+from relier_django.core.model import config
+from relier_django.core.model.transition import history_tail
+from relier_django.core.push import idempotency, producer
+from relier_django.core.recovery import resurrector
+from relier_django.core.recovery.resurrector import SCRIPT_BATCH, Resurrector
+from relier_django.core.store import scripts
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
 from testproject.cluster import RedisServer
 from testproject.demo import tasks
 
@@ -139,8 +142,8 @@ def test_a_hash_missing_its_counters_goes_to_the_dlq_and_the_rest_of_the_batch_c
 def test_with_signing_keys_a_resurrection_re_stores_the_envelope_under_the_newest_key(
     redis_client,
 ):
-    from relier_django.core.envelope import decode
-    from relier_django.core.signing import key_id
+    from relier_django.core.model.envelope import decode
+    from relier_django.core.model.signing import key_id
 
     old, new = "old-key-" + "o" * 40, "new-key-" + "n" * 40
     client = sync_client(config.current())

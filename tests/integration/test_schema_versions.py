@@ -18,14 +18,15 @@ import pytest
 from django.core.management import call_command
 
 from relier_django import TaskContext, TaskFailed
-from relier_django.core import config, idempotency, producer
-from relier_django.core.connection import sync_client
-from relier_django.core.dlq_store import DeadLetterStore
-from relier_django.core.envelope import Envelope, decode
-from relier_django.core.keys import KeySpace
-from relier_django.core.runner import Runner
-from relier_django.core.schema import Schema
-from relier_django.core.spec import TaskSpec
+from relier_django.core.dlq.store import DeadLetterStore
+from relier_django.core.model import config
+from relier_django.core.model.envelope import Envelope, decode
+from relier_django.core.model.schema import Schema
+from relier_django.core.model.spec import TaskSpec
+from relier_django.core.push import idempotency, producer
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.worker.runner import Runner
 from testproject.celery import app
 from testproject.demo import tasks
 

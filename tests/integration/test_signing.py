@@ -13,12 +13,13 @@ import json
 import pytest
 
 from relier_django import TaskFailed
-from relier_django.core import config, producer
-from relier_django.core.connection import sync_client
-from relier_django.core.dlq_store import DeadLetterStore
-from relier_django.core.envelope import canonical
-from relier_django.core.keys import KeySpace
-from relier_django.core.signing import key_id
+from relier_django.core.dlq.store import DeadLetterStore
+from relier_django.core.model import config
+from relier_django.core.model.envelope import canonical
+from relier_django.core.model.signing import key_id
+from relier_django.core.push import producer
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
 from relier_django.dlq import release_entry
 from testproject.celery import app
 from testproject.cluster import wait_until
@@ -147,7 +148,7 @@ def test_a_stored_copy_no_key_can_verify_is_dead_lettered_by_the_resurrector(
     """A key removed too early: the stored copy can never run again, so the resurrector
     moves it to the DLQ (with the stored text) instead of re-leasing it every pass, and
     what the task hash knows (its name, its idempotency claim) goes with it."""
-    from relier_django.core.resurrector import Resurrector
+    from relier_django.core.recovery.resurrector import Resurrector
 
     sign_with(settings, OLD)
     receipt = producer.push(

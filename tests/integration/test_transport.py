@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from relier_django.core.broker import MARKER_HEADER
+from relier_django.core.broker.marker import MARKER_HEADER
 from relier_django.transport import Transport
 from testproject.cluster import RedisServer, make_tls_files
 from testproject.demo import tasks

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from billiard.exceptions import WorkerLostError
 
-from relier_django.core import config, fencing, idempotency, producer
-from relier_django.core.celery_signals import _on_task_failure
-from relier_django.core.connection import sync_client
-from relier_django.core.keys import KeySpace
+from relier_django.core.model import config
+from relier_django.core.push import idempotency, producer
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.worker import fencing
+from relier_django.core.worker.signals import _on_task_failure
 from testproject.demo import tasks
 
 KEYS = KeySpace("rl")

@@ -10,11 +10,11 @@ import logging
 
 import pytest
 
-from relier_django.core import aftercommit
-from relier_django.core.config import Config
-from relier_django.core.envelope import Envelope
-from relier_django.core.errors import AdmissionRejected
-from relier_django.core.receipt import Receipt
+from relier_django.core.model.config import Config
+from relier_django.core.model.envelope import Envelope
+from relier_django.core.model.errors import AdmissionRejected
+from relier_django.core.push import aftercommit
+from relier_django.core.store.receipt import Receipt
 
 
 class FakePush:

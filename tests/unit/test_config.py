@@ -9,8 +9,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from relier_django import conf
-from relier_django.core.config import Config
-from relier_django.core.errors import ConfigError
+from relier_django.core.model.config import Config
+from relier_django.core.model.errors import ConfigError
 
 
 def test_refresh_interval_must_be_below_ttl():
@@ -136,14 +136,15 @@ def test_an_unknown_key_is_named_with_the_closest_known_one(settings, key, says)
 def test_a_worker_refuses_to_start_with_one_line_naming_every_bad_setting(monkeypatch):
     # G6: the core cannot name Django's ImproperlyConfigured; whatever the provider
     # raises becomes SystemExit (Celery swallows an Exception from worker_init).
-    from relier_django.core import celery_signals, config
+    from relier_django.core.model import config
+    from relier_django.core.worker import signals
 
     def provider() -> Config:
         raise conf.SettingsError(["RELIER_A must be a int, got 'x'", "unknown key 'B'"])
 
     monkeypatch.setattr(config, "_provider", provider)
     with pytest.raises(SystemExit) as raised:
-        celery_signals._on_worker_init()
+        signals._on_worker_init()
     line = str(raised.value.code)
     assert "RELIER_A must be a int, got 'x'; unknown key 'B'" in line
     assert "refuses to start" in line and "\n" not in line

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from relier_django.core import signing
-from relier_django.core.config import Config
-from relier_django.core.envelope import FORMAT_VERSION, Envelope, canonical, decode
-from relier_django.core.errors import ConfigError, EnvelopeError
-from relier_django.core.signing import Signer, key_id
+from relier_django.core.model import signing
+from relier_django.core.model.config import Config
+from relier_django.core.model.envelope import FORMAT_VERSION, Envelope, canonical, decode
+from relier_django.core.model.errors import ConfigError, EnvelopeError
+from relier_django.core.model.signing import Signer, key_id
 
 ENV = Envelope(
     id="t1", task="demo.record", args=("a", 1), kwargs={"x": [1, 2]}, queue="q", created_ms=5

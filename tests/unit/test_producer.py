@@ -10,12 +10,12 @@ import random
 
 import pytest
 
-from relier_django.core import producer
-from relier_django.core.envelope import canonical
-from relier_django.core.idempotency import derive_key
-from relier_django.core.keys import KeySpace
-from relier_django.core.retry import backoff_s
-from relier_django.core.spec import TaskSpec
+from relier_django.core.model.backoff import backoff_s
+from relier_django.core.model.envelope import canonical
+from relier_django.core.model.idem_key import derive_key
+from relier_django.core.model.spec import TaskSpec
+from relier_django.core.push import producer
+from relier_django.core.store.keys import KeySpace
 
 
 def send_invoice(ctx, invoice_id: str, when=None):

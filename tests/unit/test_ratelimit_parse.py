@@ -12,9 +12,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponse
 
 from relier_django import conf
-from relier_django.core.config import Config
-from relier_django.core.errors import ConfigError
-from relier_django.core.ratelimit import Rate
+from relier_django.core.extras.ratelimit import Rate
+from relier_django.core.model.config import Config
+from relier_django.core.model.errors import ConfigError
 from relier_django.ratelimit import client_ip, rate_limit
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from relier_django.core.envelope import Envelope
-from relier_django.core.reservations import fence_of
+from relier_django.core.model.envelope import Envelope
+from relier_django.core.worker.reservations import fence_of
 
 
 def test_one_envelope_argument_gives_its_fence():

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from relier_django.core.config import Config
-from relier_django.core.dlq import Failure, Reason
-from relier_django.core.runner import Runner
+from relier_django.core.model.config import Config
+from relier_django.core.model.failure import Failure, Reason
+from relier_django.core.worker.runner import Runner
 
 
 def _nested(depth: int) -> list[object]:

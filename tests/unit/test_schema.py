@@ -10,9 +10,9 @@ import inspect
 import pytest
 
 from relier_django import rl_task
-from relier_django.core import producer
-from relier_django.core.schema import Schema, SchemaMismatch
-from relier_django.core.spec import TaskSpec
+from relier_django.core.model.schema import Schema, SchemaMismatch
+from relier_django.core.model.spec import TaskSpec
+from relier_django.core.push import producer
 
 
 def v1_to_v2(args, kwargs):
@@ -136,7 +136,7 @@ def test_a_spec_with_migrations_stays_hashable():
 def test_fit_judges_each_shape_of_call_alike_cached_or_not():
     import inspect
 
-    from relier_django.core.schema import Call, Schema, SchemaMismatch
+    from relier_django.core.model.schema import Call, Schema, SchemaMismatch
 
     def task(ctx, a, b=[], *, c):  # noqa: B006  (an unhashable default: not cacheable)
         return a

@@ -1,0 +1,204 @@
+"""The only code that hands an envelope to Celery."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+
+from ..model.envelope import Envelope
+from . import transport
+from .marker import MARKER_HEADER
+
+_lock = threading.Lock()
+_executor: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def send(
+    app: Any,
+    env: Envelope,
+    encoded: str | None = None,
+    countdown_s: float = 0.0,
+    queue: str | None = None,
+) -> None:
+    """Publish one incarnation (to ``queue``, default the envelope's). Returns once the
+    broker accepted the message (for the Redis transport: once LPUSH returned).
+    Raises whatever the transport raises."""
+    app.send_task(
+        env.task,
+        args=[encoded if encoded is not None else env.encode()],
+        queue=queue or env.queue or None,
+        countdown=countdown_s or None,
+        **_options(env),
+    )
+
+
+def _options(env: Envelope) -> dict[str, Any]:
+    # Celery's own argsrepr would be repr(args): the whole envelope a second time in
+    # every message. Monitoring (Flower, events) shows the task's arguments instead,
+    # cut where Celery cuts its own (argsrepr_maxsize).
+    return {
+        "task_id": env.id,
+        "serializer": "json",
+        "ignore_result": True,
+        "argsrepr": _clip(repr(list(env.args))),
+        "kwargsrepr": _clip(repr(dict(env.kwargs))),
+        "headers": {MARKER_HEADER: env.fence},
+    }
+
+
+def _clip(text: str, limit: int = 1024) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def send_batch(app: Any, items: Sequence[tuple[Envelope, str]], queue: str) -> bool:
+    """Publish several incarnations to ``queue`` through one producer batch
+    (kombu's ``Producer.batch``): on the Redis transport, one pipelined round trip
+    per batch instead of one per message. Returns True once the broker accepted every
+    message; False when this kombu has no batch publishing (nothing was sent).
+
+    Raises whatever the transport raises. Some of the messages may have been delivered
+    by then (a transport that cannot batch publishes each at once; a pipeline may fail
+    part way), so the caller re-sends them all one by one: a message delivered twice
+    carries one fence, and ``start.lua`` starts one fence once.
+    """
+    with app.producer_or_acquire() as producer:
+        batch = getattr(producer, "batch", None)
+        if batch is None:  # kombu < 5.7
+            return False
+        with batch(max_size=len(items)):
+            for env, encoded in items:
+                app.send_task(
+                    env.task, args=[encoded], queue=queue, producer=producer, **_options(env)
+                )
+    return True
+
+
+def message_for_store(app: Any, env: Envelope, encoded: str, store: Any) -> tuple[str, str] | None:
+    """The broker's list and the message for it, exactly as kombu's Redis transport
+    would ``LPUSH`` them, when the broker is that transport on the store's own server
+    and database: push.lua then stores and queues the task in one step. Sends nothing.
+
+    None when that does not apply (another transport or server, Sentinel, a unix
+    socket, a kombu without batch publishing, a route kombu would not end in one
+    ``LPUSH``): the caller publishes with :func:`send`. ``store`` is the store's redis
+    client (sync or asyncio).
+
+    The message is built by Celery and kombu themselves: ``send_task`` runs as for any
+    publish, with its retry policy and its ``before_task_publish`` and
+    ``after_task_publish`` signals, and kombu's batch-publish hook (kombu >= 5.7)
+    catches the final command instead of running it. So those signals fire before
+    push.lua runs, also for a push it then refuses (an idempotent duplicate, admission
+    control, a reused id), whose message is never queued."""
+    acquire = getattr(app, "producer_or_acquire", None)
+    if acquire is None:  # not a Celery app: nothing to build the message with
+        return None
+    with acquire() as producer:
+        batch_state = getattr(producer, "_batch_local", None)
+        if batch_state is None or not _same_address(producer.connection, store):
+            return None
+        capture = _Capture(store)
+        batch_state.current = capture
+        try:
+            app.send_task(
+                env.task, args=[encoded], queue=env.queue or None, producer=producer,
+                **_options(env),
+            )  # fmt: skip
+        finally:
+            del batch_state.current
+    if capture.channel_prefix is None:
+        return None
+    if len(capture.commands) != 1 or capture.commands[0][0] != "lpush":
+        return None  # e.g. an expiring queue (PEXPIRE too) or a fanout route
+    queue_list, payload = capture.commands[0][1]
+    # kombu's global_keyprefix is applied by its client when it runs the command.
+    return capture.channel_prefix + str(queue_list), str(payload)
+
+
+class _Capture:
+    """Takes the place of kombu's Redis publish batch (kombu >= 5.7) for one publish:
+    it records the commands the transport hands over instead of running them."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.commands: list[tuple[str, tuple[Any, ...]]] = []
+        self.channel_prefix: str | None = None  # set once the channel is checked
+
+    def publish(self, channel: Any, message: Any, **kwargs: Any) -> None:
+        # Called by kombu inside Celery's publish retry, once the channel exists.
+        if not _colocated(channel, self.store):
+            # Nothing recorded: the caller publishes the usual way, so this one push
+            # builds its message twice (and Celery's publish signals fire twice). Only
+            # when the URL looked like the store's and the connection is not.
+            return
+        self.channel_prefix = getattr(channel, "global_keyprefix", "") or ""
+        channel.basic_publish(message, _publish_batch=self, **kwargs)
+
+    def add(self, name: str, *args: Any) -> None:
+        self.commands.append((name, args))
+
+
+_DEFAULTS = {"host": "localhost", "port": 6379, "path": None, "db": 0, "username": None}
+
+
+def _same_address(connection: Any, store: Any) -> bool:
+    """A first check, from the broker URL alone (no connection is made): kombu's plain
+    Redis transport at the store's host, port, database and user."""
+    # Sentinel and others: elsewhere. Subclasses may publish differently; these two do not.
+    if type(connection.transport) not in (kombu_redis.Transport, transport.Transport):
+        return False
+    ours = store.connection_pool.connection_kwargs
+    if ours.get("path") or not ours.get("host"):  # a unix socket, a Sentinel pool
+        return False
+    vhost = str(connection.virtual_host or "").strip("/")
+    theirs = {
+        "host": connection.hostname or "localhost",
+        "port": connection.port or 6379,
+        "db": int(vhost) if vhost.isdigit() else 0,
+        "username": connection.userid or None,
+    }
+    return all(theirs[f] == ours.get(f, _DEFAULTS[f]) for f in theirs)
+
+
+def _colocated(channel: Any, store: Any) -> bool:
+    """The exact check, on the channel kombu publishes through: its connection
+    parameters are the store's."""
+    if type(channel) not in (kombu_redis.Channel, transport.Channel):
+        return False
+    theirs = channel.pool.connection_kwargs
+    ours = store.connection_pool.connection_kwargs
+    return all(theirs.get(f, d) == ours.get(f, d) for f, d in _DEFAULTS.items())
+
+
+async def amessage_for_store(
+    app: Any, env: Envelope, encoded: str, store: Any
+) -> tuple[str, str] | None:
+    """:func:`message_for_store` for async code: off the loop, since taking a producer
+    may connect to the broker."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_publisher(), message_for_store, app, env, encoded, store)
+
+
+def _publisher() -> ThreadPoolExecutor:
+    # kombu's publish is blocking. One long-lived pool per process (not the loop's
+    # default executor, which each new loop would recreate, threads and all).
+    global _executor
+    pid = os.getpid()
+    if _executor is None or _executor[0] != pid:
+        with _lock:
+            if _executor is None or _executor[0] != pid:
+                _executor = (pid, ThreadPoolExecutor(4, thread_name_prefix="relier-publish"))
+    return _executor[1]
+
+
+async def asend(
+    app: Any, env: Envelope, encoded: str | None = None, countdown_s: float = 0.0
+) -> None:
+    """:func:`send` for async code: the publish runs off the event loop."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(_publisher(), send, app, env, encoded, countdown_s)

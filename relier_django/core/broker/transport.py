@@ -1,0 +1,110 @@
+"""kombu's Redis transport without its ack emulation for relier_django's own messages.
+
+kombu emulates acknowledgements on Redis: each message a worker pops is copied into an
+"unacked" hash and index (one MULTI/EXEC round trip), the copy is deleted on ack
+(another), and a copy older than the visibility timeout is pushed back to its queue.
+For a relier_django message that bookkeeping protects nothing the store does not
+already protect: the envelope is stored before the message is queued, the worker
+registers a message as reserved when it arrives (``reservations.py``) and the task
+expires and is resurrected if its holder dies, and the window between the pop and
+that registration is covered by ``QUEUED_GRACE_S``, exactly as kombu's own window
+between the pop and its unacked copy is. Yet the two round trips cost each task more
+than any of relier_django's scripts (bench/throughput.py).
+
+So the worker's QoS keeps relier_django's messages (marked by the header
+:data:`marker.MARKER_HEADER`) in memory only: they still count against the prefetch
+limit, an ack or a reject still settles them, and a worker that shuts down still
+puts the ones it did not start back at the head of their queue, as kombu does. Every
+other message of the same worker keeps kombu's full ack emulation.
+
+Enable it with ``CELERY_BROKER_TRANSPORT`` (``Transport`` for ``redis://`` brokers,
+``SentinelTransport`` for ``sentinel://``); publishing is kombu's, unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+
+from .marker import is_relier_message
+
+logger = logging.getLogger("relier_django.transport")
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's Redis QoS, tracking relier_django's messages in memory only."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_memory: set[str] = set()
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        if is_relier_message(message):
+            self._in_memory.add(delivery_tag)
+            virtual.QoS.append(self, message, delivery_tag)
+            return
+        super().append(message, delivery_tag)
+
+    def ack(self, delivery_tag: str) -> None:
+        if delivery_tag in self._in_memory:
+            self._in_memory.discard(delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        super().ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if delivery_tag in self._in_memory:
+            self._in_memory.discard(delivery_tag)
+            if requeue:
+                self._requeue([self._delivered[delivery_tag]], leftmost=True)
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        super().reject(delivery_tag, requeue=requeue)
+
+    def restore_unacked(self, client: Any = None) -> None:
+        """At shutdown: every message delivered and not acked back to its queue."""
+        mine = [m for tag, m in self._delivered.items() if tag in self._in_memory]
+        for tag in [t for t in self._delivered if t in self._in_memory]:
+            del self._delivered[tag]
+        self._in_memory.clear()
+        try:
+            if mine:
+                self._requeue(mine, leftmost=False, client=client)
+        finally:
+            super().restore_unacked(client)  # the rest, from kombu's unacked hash
+
+    def _requeue(self, messages: list[Any], leftmost: bool, client: Any = None) -> None:
+        # kombu's own restore (same side of the list, same redelivered flag), from the
+        # message held in memory instead of the copy kombu would have kept.
+        channel = self.channel
+        with channel.conn_or_acquire(client) as conn, conn.pipeline() as pipe:
+            for message in messages:
+                info = message.delivery_info
+                channel._do_restore_message(
+                    message._raw, info["exchange"], info["routing_key"], pipe, leftmost
+                )
+            pipe.execute()
+        logger.info("put %d relier_django message(s) back in their queues", len(messages))
+
+
+class Channel(kombu_redis.Channel):
+    QoS = QoS
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's ``redis://`` transport with :class:`QoS`."""
+
+    Channel = Channel
+
+
+class SentinelChannel(kombu_redis.SentinelChannel):
+    QoS = QoS
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's ``sentinel://`` transport with :class:`QoS`."""
+
+    Channel = SentinelChannel

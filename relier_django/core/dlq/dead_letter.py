@@ -1,0 +1,152 @@
+"""Dead-lettering: the write (``dead_letter.lua``) that moves a task, or a message tied
+to no task, into the DLQ with its reason, history and checkpoint.
+
+Reading an entry back is ``entries``; paging, counting and deleting are ``store``;
+release is ``release``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ..model import outcome
+from ..model.envelope import Envelope, canonical
+from ..model.failure import Failure
+from ..model.signing import Signer
+from ..model.transition import Transition, history_tail, parse_transition
+from ..store import scripts
+from ..store.keys import KeySpace
+
+SUMMARY_CHARS = 200
+
+
+def _entry(
+    task_id: str,
+    entry_id: str,
+    failure: Failure,
+    env: Envelope | None,
+    raw: object,
+    signer: Signer | None,
+) -> str:
+    body: dict[str, Any] = {
+        "id": entry_id,
+        "task_id": task_id,
+        "reason": str(failure.reason),
+        "exc_type": failure.exc_type,
+        "exc_message": failure.exc_message,
+        "traceback": failure.traceback,
+        "worker": failure.worker,
+        **failure.extra,
+    }
+    if env is not None:
+        body.update(
+            task=env.task,
+            queue=env.queue,
+            fence=env.fence,
+            attempt=env.attempt,
+            # Signed: a release verifies it before re-signing, so an entry edited in
+            # Redis cannot be laundered into a validly signed message.
+            envelope=json.loads(env.encode(signer)),
+        )
+    else:
+        body["raw"] = raw if isinstance(raw, str) else repr(raw)
+    return canonical(body)
+
+
+def _message_entry_id(raw: object) -> str:
+    # The same body gets the same entry: a message delivered twice is filed once.
+    text = raw if isinstance(raw, str) else repr(raw)
+    return "msg-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _summary(failure: Failure) -> str:
+    # One line for listings; the entry keeps the whole message and traceback.
+    text = " ".join((failure.error or "").split())
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTask:
+    """A stored task as its hash describes it, for when its envelope cannot be read."""
+
+    task_id: str
+    fence: int
+    task: str
+    queue: str
+    idem_key: str | None  # the full idempotency key, as push.lua stored it
+
+
+def dead_letter(
+    keys: KeySpace,
+    failure: Failure,
+    result_ttl_ms: int,
+    *,
+    env: Envelope | None,
+    raw: object = None,
+    queue: str = "",
+    task: str = "",
+    signer: Signer | None = None,
+    stored: StoredTask | None = None,
+    held: str = "running",
+) -> scripts.ScriptCall[Transition]:
+    """dead_letter.lua. With ``env`` the move is fenced to that incarnation and the
+    task's working keys go with it; without, only the entry is written: a message
+    that cannot be tied to a stored task keeps its raw body, with the ``queue`` it
+    arrived on and the ``task`` it was addressed to, when known. Pass the config's
+    ``signer`` when signing is on, or the entry cannot be released.
+
+    ``stored``: a stored task whose own envelope cannot be read (a copy edited in
+    Redis, a key removed too early), described by its task hash: the move is fenced
+    to it, its working keys and idempotency claim go, as with ``env``, and the entry
+    keeps the ``raw`` text.
+
+    ``held``: the state the caller holds the task in (``running``, ``queued`` for a
+    message refused before it started, ``dying`` for the scanner's lease); a task in
+    any other state is left alone, so a second copy of a message cannot take a task
+    from the copy that runs it. A message tied to no task is filed under an id
+    derived from its body: a second copy of it finds its entry and adds nothing.
+    """
+    idem: str | None = None
+    if env is not None:
+        entry_id = task_id = env.id
+        fence = str(env.fence)
+        idem = keys.idempotency(env.task, env.idem_key) if env.idem_key else None
+    elif stored is not None:
+        entry_id = task_id = stored.task_id
+        fence = str(stored.fence)
+        task, queue, idem = stored.task, stored.queue, stored.idem_key
+    else:
+        entry_id = task_id = _message_entry_id(raw)
+        fence = ""
+        held = ""
+    tail = history_tail(
+        "dead",
+        fence=env.fence if env else None,
+        reason=str(failure.reason),
+        error=failure.error,
+        worker=failure.worker,
+    )
+    return scripts.ScriptCall(
+        scripts.DEAD_LETTER,
+        keys.for_dead_letter(task_id, entry_id, idem),
+        [
+            task_id,
+            fence,
+            entry_id,
+            _entry(task_id, entry_id, failure, env, raw, signer),
+            outcome.failed(str(failure.reason), failure.error, entry_id),
+            result_ttl_ms,
+            tail,
+            env.task if env is not None else task,
+            str(failure.reason),
+            env.queue if env is not None else queue,
+            _summary(failure),
+            held,
+            uuid.uuid4().hex,
+        ],
+        parse_transition,
+    )

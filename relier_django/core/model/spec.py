@@ -1,0 +1,69 @@
+"""What ``@rl_task`` knows about a task: its function and its options."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .idem_key import KeyOption
+from .rates import Rate
+from .schema import Schema
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """A task's definition. ``None`` options fall back to the config in force."""
+
+    name: str
+    fn: Callable[..., Any]
+    queue: str | None = None
+    idempotent: bool = False
+    idempotency_key: KeyOption = None
+    result_ttl_s: int | None = None
+    max_resurrections: int | None = None
+    retry_on: tuple[type[BaseException], ...] = ()
+    max_retries: int | None = None
+    retry_backoff_s: float | None = None
+    retry_backoff_max_s: float | None = None
+    soft_timeout_s: float | None = None  # async def only: on_soft_timeout runs then
+    hard_timeout_s: float | None = None  # async def only: cancelled, then the DLQ
+    on_soft_timeout: Callable[..., Any] | None = None  # called with the TaskContext
+    rate_limit: Rate | None = None  # push admission for this task (settings win)
+    # The arguments' schema version and the migrations from older ones (@rl_task(version=)).
+    schema: Schema = field(default_factory=Schema)
+
+    # Worked out once at decoration: inspect.signature costs tens of microseconds, and
+    # every push and every run needs it.
+    _is_async: bool = field(init=False, repr=False, compare=False)
+    _wants_context: bool = field(init=False, repr=False, compare=False)
+    _user_signature: inspect.Signature = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sig = inspect.signature(self.fn)
+        params = list(sig.parameters.values())
+        wants = bool(params) and _is_context(params[0])
+        object.__setattr__(self, "_is_async", inspect.iscoroutinefunction(self.fn))
+        object.__setattr__(self, "_wants_context", wants)
+        user = sig.replace(parameters=params[1:] if wants else params)
+        object.__setattr__(self, "_user_signature", user)
+
+    @property
+    def is_async(self) -> bool:
+        return self._is_async
+
+    @property
+    def wants_context(self) -> bool:
+        """True when the first parameter is named ``ctx`` or annotated ``TaskContext``."""
+        return self._wants_context
+
+    def user_signature(self) -> inspect.Signature:
+        """The signature callers push against (without the injected context)."""
+        return self._user_signature
+
+
+def _is_context(first: inspect.Parameter) -> bool:
+    annotation = first.annotation
+    named = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return first.name == "ctx" or named.endswith("TaskContext")

@@ -1,0 +1,409 @@
+"""The push pipeline: validate arguments, build the envelope, store it (and claim the
+idempotency key) in one script, and queue it: in that same script when the broker is
+kombu's Redis transport on the store's server and database, else by a publish after.
+
+``push`` is for sync code, ``apush`` for async code; both share ``prepare`` and make
+the same calls: one Redis round trip (push.lua), plus the broker publish if the
+broker is elsewhere.
+
+Inside a database transaction a push is validated at once, but stored and sent only
+when the transaction commits (``aftercommit.deliver``), so a rollback leaves nothing
+behind. The core cannot see Django's transactions: the Django layer installs a
+:data:`TransactionHook` with :func:`set_transaction_hook` (docs/transactions.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..broker import publish
+from ..model import config
+from ..model.envelope import Envelope, decode
+from ..model.errors import AdmissionRejected, DuplicateTaskId
+from ..model.idem_key import derive_key
+from ..model.spec import TaskSpec
+from ..store import bridge
+from ..store.connection import async_client, sync_client
+from ..store.keys import KeySpace
+from ..store.receipt import Receipt
+from ..store.scripts import ScriptCall
+from . import admission, aftercommit, idempotency
+
+logger = logging.getLogger("relier_django.producer")
+
+TransactionHook = Callable[[str | None, Callable[[], None]], bool]
+"""``hook(using, callback)``: if a transaction is open on database alias ``using``
+(``None``: the default one) in this thread, arrange for ``callback()`` to run once
+it commits (never, if it rolls back) and return True; otherwise return False and
+leave ``callback`` alone. Raises for an unknown alias."""
+
+_hook_lock = threading.Lock()
+_transaction_hook: TransactionHook | None = None
+
+
+def set_transaction_hook(hook: TransactionHook | None) -> None:
+    """Install how ``push`` finds an open transaction (the Django layer does, in
+    ``AppConfig.ready()``); ``None`` uninstalls it: every push is then sent at once."""
+    global _transaction_hook
+    with _hook_lock:
+        _transaction_hook = hook
+
+
+# Arguments must come out of JSON as they went in (docs/api.md, "Arguments are JSON"):
+# json would quietly turn the key 1 into "1" (so the task's d[1] fails, and {1: "x"}
+# would share an idempotency key with {"1": "x"}), and deep nesting would escape as a
+# RecursionError. Tuples are the one conversion allowed, as Celery's JSON and
+# django.tasks allow it: they arrive as lists, indexed and iterated the same.
+MAX_ARGUMENT_DEPTH = 100
+"""How many levels of lists and dicts one argument may nest."""
+
+_INF = float("inf")
+_SCALARS = frozenset({str, int, bool, type(None)})
+_JSON_RULE = (
+    "arguments must come out of JSON as they went in: str, int, float (finite), bool, "
+    f"None, list (a tuple arrives as a list) and dict with str keys, nested at most "
+    f"{MAX_ARGUMENT_DEPTH} levels deep; pass e.g. an id instead of a model instance"
+)
+
+
+class _NotJson(Exception):
+    """What ``_walk`` refused. ``path`` (innermost step first) is filled in while the
+    recursion unwinds; None when it is not worth showing (too deep)."""
+
+    def __init__(self, what: str, why: str, path: list[str] | None) -> None:
+        super().__init__(what)
+        self.what, self.why, self.path = what, why, path
+
+
+def _walk(value: Any, depth: int) -> None:
+    """Raise ``_NotJson`` unless ``value`` survives a JSON round trip unchanged.
+
+    ``depth`` counts the lists and dicts around ``value``. Exact type tests come first:
+    this runs on every push, and nearly every value is one of these.
+    """
+    kind = type(value)
+    if kind in _SCALARS:
+        return
+    if isinstance(value, list | tuple | dict):
+        if depth >= MAX_ARGUMENT_DEPTH:
+            raise _NotJson(
+                f"lists or dicts nested more than {MAX_ARGUMENT_DEPTH} levels deep",
+                "or a list or dict that contains itself",
+                None,
+            )
+        _walk_items(value, depth + 1)
+    elif isinstance(value, float):
+        if not -_INF < value < _INF:  # also False for nan
+            raise _NotJson(f"the float {value!r}", "which JSON cannot carry", [])
+    elif not isinstance(value, str | int):  # a StrEnum or IntEnum comes back equal
+        raise _NotJson(f"a {kind.__name__}", "which cannot be sent as JSON", [])
+
+
+def _walk_items(container: list[Any] | tuple[Any, ...] | dict[Any, Any], depth: int) -> None:
+    if isinstance(container, dict):
+        for key, item in container.items():
+            if not isinstance(key, str):
+                raise _NotJson(
+                    f"the dict key {key!r} ({type(key).__name__})",
+                    "which JSON would turn into a string",
+                    [f"[{key!r}]"],
+                )
+            if type(item) in _SCALARS:
+                continue  # saves a call per leaf
+            try:
+                _walk(item, depth)
+            except _NotJson as exc:
+                if exc.path is not None:
+                    exc.path.append(f"[{key!r}]")
+                raise
+    else:
+        for index, item in enumerate(container):
+            if type(item) in _SCALARS:
+                continue
+            try:
+                _walk(item, depth)
+            except _NotJson as exc:
+                if exc.path is not None:
+                    exc.path.append(f"[{index}]")
+                raise
+
+
+def _check_json(spec: TaskSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    signature = spec.user_signature()
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{spec.name}: {exc}") from None
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        try:
+            if kind is kind.VAR_POSITIONAL:  # a tuple made by the call, not a value
+                _walk_items(list(value), 0)
+            elif kind is kind.VAR_KEYWORD:  # a dict made by the call, str keys
+                _walk_items(value, 0)
+            else:
+                _walk(value, 0)
+        except _NotJson as exc:
+            if exc.path is None:
+                shown = f"argument {name!r} holds {exc.what}"
+            elif exc.path:
+                where = name + "".join(reversed(exc.path))
+                shown = f"argument {name!r} holds {exc.what} at {where}"
+            else:
+                shown = f"argument {name!r} is {exc.what}"
+            raise TypeError(f"{spec.name}: {shown}, {exc.why}; {_JSON_RULE}") from None
+
+
+def prepare(
+    spec: TaskSpec, args: Sequence[Any], kwargs: Mapping[str, Any], task_id: str | None = None
+) -> Envelope:
+    """Validate the call and build its first envelope (fence 1). Raises ``TypeError``
+    for arguments that do not fit the signature or are not JSON-serialisable."""
+    _check_json(spec, args, kwargs)
+    idem = derive_key(spec.idempotency_key, args, kwargs) if spec.idempotent else None
+    return Envelope(
+        id=task_id or uuid.uuid4().hex,
+        task=spec.name,
+        args=tuple(args),
+        kwargs=dict(kwargs),
+        queue=spec.queue or "",
+        idem_key=idem,
+        created_ms=int(time.time() * 1000),
+        schema_version=spec.schema.version,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Push:
+    """One push in progress: what both ``push`` and ``apush`` compute before I/O."""
+
+    cfg: config.Config
+    spec: TaskSpec
+    env: Envelope
+    encoded: str
+    keys: KeySpace
+    # Names this push call in push.lua and abort.lua; every try of the call (a
+    # client retry, an on-commit retry) reuses it.
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @classmethod
+    def begin(
+        cls, spec: TaskSpec, args: Sequence[Any], kwargs: Mapping[str, Any], task_id: str | None
+    ) -> _Push:
+        cfg = config.current()
+        env = prepare(spec, args, kwargs, task_id)
+        return cls(cfg, spec, env, env.encode(cfg.signer), KeySpace(cfg.key_prefix))
+
+    def store(self, message: tuple[str, str] | None) -> ScriptCall[idempotency.StoreResult]:
+        grace_ms = int(self.cfg.queued_grace_s * 1000)
+        limit = self.spec.max_resurrections
+        limit = self.cfg.max_resurrections if limit is None else limit
+        gates = admission.limits(self.keys, self.cfg, self.spec.name, self.spec.rate_limit)
+        return idempotency.store(
+            self.keys, self.env, self.encoded, grace_ms, limit, gates, message, token=self.token
+        )
+
+    def duplicate(self, stored: idempotency.StoreResult) -> Receipt | None:
+        """The receipt of an idempotent duplicate, or None when this push was stored."""
+        if stored.refused_for_s > 0:
+            logger.warning(
+                "push refused by admission control task=%s retry_after_s=%.3f",
+                self.env.task,
+                stored.refused_for_s,
+            )
+            raise AdmissionRejected(self.env.task, stored.refused_for_s)
+        if stored.id_taken:
+            raise DuplicateTaskId(f"a task with id {self.env.id!r} already exists")
+        if stored.id_finished:
+            raise DuplicateTaskId(
+                f"task id {self.env.id!r} has already run to an outcome, which is kept for "
+                "RESULT_TTL_S; read it with Receipt(task_id).get(), or push with another id"
+            )
+        if stored.id_in_dlq:
+            raise DuplicateTaskId(
+                f"task id {self.env.id!r} names an entry in the dead-letter queue; release it "
+                f"(`manage.py relier_dlq release {self.env.id}`) or delete it, or push with "
+                "another id"
+            )
+        if stored.stored:
+            return None
+        logger.info("idempotent duplicate task=%s task_id=%s", self.env.task, stored.task_id)
+        return Receipt(stored.task_id, deduplicated=True, config=self.cfg)
+
+    def receipt(self) -> Receipt:
+        return Receipt(self.env.id, deduplicated=False, config=self.cfg)
+
+    def send_now(self, app: Any, client: Any) -> Receipt:
+        """Store and queue in one step (push.lua), when the broker is kombu's Redis
+        transport on the store's server and database; otherwise store, then publish,
+        and undo the store if the publish fails.
+
+        Raises:
+            AdmissionRejected, DuplicateTaskId: push.lua refused it; nothing stored.
+            Redis or broker errors: nothing remains (unless the undo failed too: then
+                the stored copy is re-dispatched after ``QUEUED_GRACE_S``).
+        """
+        message = publish.message_for_store(app, self.env, self.encoded, client)
+        if (dup := self.duplicate(self.store(message).run(client))) is not None:
+            return dup
+        if message is None:
+            try:
+                publish.send(app, self.env, self.encoded)
+            except BaseException:
+                idempotency.abort(self.keys, self.env, self.token).run(client)
+                raise
+        return self.receipt()
+
+    async def asend_now(self, app: Any, client: Any) -> Receipt:
+        """:meth:`send_now` for async code."""
+        message = await publish.amessage_for_store(app, self.env, self.encoded, client)
+        if (dup := self.duplicate(await self.store(message).arun(client))) is not None:
+            return dup
+        if message is None:
+            try:
+                await publish.asend(app, self.env, self.encoded)
+            except BaseException:
+                await idempotency.abort(self.keys, self.env, self.token).arun(client)
+                raise
+        return self.receipt()
+
+    def defer(self, app: Any, using: str | None) -> Receipt | None:
+        """Leave the store and the send to the commit of the transaction open on
+        ``using``; None when none is open (the caller sends now)."""
+        hook = _transaction_hook
+        if hook is None:
+            if using is not None:
+                raise RuntimeError(
+                    f"{self.spec.name}: push with using={using!r} needs the transaction "
+                    "hook of the Django layer: add 'relier_django' to INSTALLED_APPS"
+                )
+            return None
+        receipt = Receipt.deferred(self.env.id, self.cfg)
+        if not hook(using, functools.partial(aftercommit.deliver, self, app, receipt)):
+            return None
+        logger.debug(
+            "push deferred to commit task=%s task_id=%s using=%s", self.env.task, self.env.id, using
+        )
+        return receipt
+
+
+def push(
+    spec: TaskSpec,
+    app: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    task_id: str | None = None,
+    on_commit: bool = True,
+    using: str | None = None,
+) -> Receipt:
+    """Sync push. See ``RelierTask.push`` and ``RelierTask.push_with`` for the guarantees."""
+    if bridge.in_running_loop():
+        raise RuntimeError(
+            f"{spec.name}.push() was called inside a running event loop, where it would "
+            f"block; use `await {spec.name.rsplit('.', 1)[-1]}.apush(...)` instead"
+        )
+    # Validation comes first, inside the caller's transaction: bad input raises now.
+    p = _Push.begin(spec, args, kwargs, task_id)
+    if on_commit and (deferred := p.defer(app, using)) is not None:
+        return deferred
+    return p.send_now(app, sync_client(p.cfg))
+
+
+async def apush(
+    spec: TaskSpec,
+    app: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    task_id: str | None = None,
+    on_commit: bool = True,
+    using: str | None = None,
+) -> Receipt:
+    """Async push: the same steps as :func:`push`, without blocking the event loop.
+
+    It asks the hook like :func:`push` does (a flag read, no I/O: safe in a running
+    loop), and so waits only for a transaction of its own async context. Django gives
+    async code database connections of its own and refuses ``atomic()`` there (unless
+    ``DJANGO_ALLOW_ASYNC_UNSAFE``), so in practice an ``apush`` sends at once: a
+    transaction in sync code (a ``sync_to_async`` function, the thread that called
+    ``asyncio.run``) is not the coroutine's, and ``push()`` in that sync code is the
+    call that waits for it.
+    """
+    p = _Push.begin(spec, args, kwargs, task_id)
+    if on_commit and (deferred := p.defer(app, using)) is not None:
+        return deferred
+    return await p.asend_now(app, async_client(p.cfg))
+
+
+@dataclass(frozen=True, slots=True)
+class PushWith:
+    """``task.push_with(on_commit=..., using=...)``: options for one push, kept apart
+    from the task's own arguments so that no task parameter name is ever reserved.
+
+    Attributes:
+        on_commit: inside a transaction, wait for its commit (the default); False
+            sends at once, even inside one.
+        using: the database alias whose transaction to wait for; ``None`` is Django's
+            default database.
+    """
+
+    spec: TaskSpec = field(repr=False)
+    app: Any = field(repr=False)
+    on_commit: bool = True
+    using: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.on_commit, bool):
+            raise TypeError(f"on_commit must be True or False, got {self.on_commit!r}")
+        if self.using is not None and not (isinstance(self.using, str) and self.using):
+            raise TypeError(f"using must be a database alias (a str) or None, got {self.using!r}")
+        if self.using is not None and not self.on_commit:
+            raise ValueError(
+                f"{self.spec.name}: using={self.using!r} names the database whose commit the "
+                "push waits for, and on_commit=False sends at once: pass one or the other"
+            )
+
+    def push(self, *args: Any, **kwargs: Any) -> Receipt:
+        """Like ``task.push(*args, **kwargs)``, with these options."""
+        return push(self.spec, self.app, args, kwargs, on_commit=self.on_commit, using=self.using)
+
+    async def apush(self, *args: Any, **kwargs: Any) -> Receipt:
+        """Like ``await task.apush(*args, **kwargs)``, with these options."""
+        return await apush(
+            self.spec, self.app, args, kwargs, on_commit=self.on_commit, using=self.using
+        )
+
+
+def replay(app: Any, envelope: str) -> Receipt:
+    """Store and send, now, an envelope that a failed post-commit send logged.
+
+    The envelope is verified (checksum, and signature when signing keys are set) and
+    pushed under its own id, so a replay is safe to repeat: while the task is stored, a
+    second replay re-sends fence 1, which the worker refuses (a fence starts once);
+    for ``RESULT_TTL_S`` after it finished, a replay raises ``DuplicateTaskId``.
+
+    Raises:
+        EnvelopeError: it does not verify.
+        ValueError: it is not a first incarnation (fence 1), or names a task that is
+            not an ``@rl_task`` of ``app``.
+        AdmissionRejected, DuplicateTaskId, Redis or broker errors: as ``push``.
+    """
+    cfg = config.current()
+    text = envelope.strip()
+    env = decode(text, cfg.signer)
+    if env.fence != 1:
+        raise ValueError(f"task {env.id}: only a first incarnation (fence 1) can be replayed")
+    spec = getattr(app.tasks.get(env.task), "relier_spec", None)
+    if not isinstance(spec, TaskSpec):
+        raise ValueError(f"{env.task} is not an @rl_task registered on this Celery app")
+    p = _Push(cfg, spec, env, text, KeySpace(cfg.key_prefix))
+    logger.warning("replaying a push task=%s task_id=%s", env.task, env.id)
+    return p.send_now(app, sync_client(cfg))

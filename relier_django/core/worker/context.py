@@ -1,0 +1,94 @@
+"""The context a task may declare as its first parameter."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..model.errors import TaskLost
+
+
+@dataclass(slots=True)
+class TaskContext:
+    """What a running incarnation knows about itself.
+
+    Attributes:
+        task_id: stable across retries and resurrections.
+        fence_token: grows with every incarnation; fence your own writes with it.
+        attempt: 1 for the first execution, +1 per retry.
+        resurrections: how many times the task was re-dispatched after a worker died.
+        task_name: the task's full dotted name.
+        worker: ``hostname:pid`` of the process running this incarnation.
+    """
+
+    task_id: str
+    fence_token: int
+    attempt: int
+    resurrections: int
+    task_name: str
+    worker: str
+    _lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    # Set by the runner: the latest checkpoint, and how to store a new one.
+    _partial: Any = field(default=None, repr=False)
+    _save: Callable[[Any], Awaitable[None]] | None = field(default=None, repr=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
+    hard_timed_out: bool = field(default=False, repr=False)
+
+    def get_partial(self, default: Any = None) -> Any:
+        """The latest checkpoint of this task, or ``default`` if it has none.
+
+        A resurrected, retried or released incarnation starts with the checkpoint its
+        predecessor saved last; reading it costs no round trip.
+        """
+        return default if self._partial is None else self._partial
+
+    async def aset_partial(self, state: Any) -> None:
+        """Save ``state`` (JSON) as this task's checkpoint, for ``async def`` tasks.
+
+        Stored with the task before this returns. Only the current incarnation can
+        save: a superseded one gets ``TaskLost``.
+
+        Raises:
+            TypeError: ``state`` is not JSON-serialisable.
+            CheckpointTooLarge: over CHECKPOINT_MAX_BYTES with no CHECKPOINT_DIR.
+            TaskLost: this incarnation was superseded.
+        """
+        if self._save is None:
+            raise RuntimeError("this TaskContext is not attached to a running incarnation")
+        await self._save(state)
+        self._partial = state
+
+    def set_partial(self, state: Any) -> None:
+        """The same as ``aset_partial``, for plain ``def`` tasks (off the event loop)."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("this TaskContext is not attached to a running incarnation")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("inside an async def task, use `await ctx.aset_partial(state)`")
+        asyncio.run_coroutine_threadsafe(self.aset_partial(state), loop).result()
+
+    def is_current(self) -> bool:
+        """False once this incarnation learned it was superseded (its fence moved).
+
+        Learned at the next heartbeat refresh, so at most one refresh interval late;
+        a superseded incarnation can never commit whatever this returns.
+        """
+        return not self._lost.is_set()
+
+    def ensure_current(self) -> None:
+        """Raise ``TaskLost`` if this incarnation was superseded: a cheap check for
+        long-running plain ``def`` tasks, which cannot be cancelled from outside."""
+        if self._lost.is_set():
+            raise TaskLost(
+                f"task {self.task_id}: incarnation with fence {self.fence_token} was superseded"
+            )
+
+    def mark_lost(self) -> None:
+        self._lost.set()

@@ -1,0 +1,108 @@
+"""Fence-checked transitions of one incarnation: start, heartbeat, commit, retry.
+
+Each is one Lua script; each refuses to act unless the caller holds the task's
+current fence (G2).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..model.envelope import Envelope
+from ..model.transition import Transition, history_tail, parse_transition
+from ..store import scripts
+from ..store.keys import KeySpace
+
+
+@dataclass(frozen=True, slots=True)
+class StartResult:
+    started: bool
+    refusal: str = ""  # 'gone' | 'stale' | 'started'; '' when started
+    current_fence: int = -1
+    checkpoint: str = ""  # the task's latest checkpoint record, '' if none
+
+
+def _parse_start(reply: list[Any]) -> StartResult:
+    checkpoint = str(reply[3]) if len(reply) > 3 else ""
+    return StartResult(int(reply[0]) == 1, str(reply[1]), int(reply[2]), checkpoint)
+
+
+def start(
+    keys: KeySpace, env: Envelope, worker: str, ttl_ms: int
+) -> scripts.ScriptCall[StartResult]:
+    """start.lua: claim this incarnation's one start. The call carries a fresh run
+    token, so running this same call again (a retry after a lost reply) is answered
+    as the start it made, while any other delivery of the incarnation is refused."""
+    tail = history_tail("start", fence=env.fence, attempt=env.attempt, worker=worker)
+    return scripts.ScriptCall(
+        scripts.START,
+        keys.for_start(env.id),
+        [env.id, env.fence, worker, ttl_ms, tail, uuid.uuid4().hex],
+        _parse_start,
+    )
+
+
+def heartbeat(
+    keys: KeySpace, held: Sequence[tuple[str, int]], ttl_ms: int, state: str = "running"
+) -> scripts.ScriptCall[list[str]]:
+    """Refresh all ``(task_id, fence)`` pairs at once; returns the ids that were lost.
+
+    ``state`` is what the holder expects: ``running`` (a pool process's tasks) or
+    ``queued`` (a worker's reserved, not yet started messages)."""
+    ids = [task_id for task_id, _ in held]
+    args: list[scripts.Arg] = [ttl_ms, state]
+    for task_id, fence in held:
+        args += [task_id, fence]
+
+    def parse(reply: list[Any]) -> list[str]:
+        return [ids[int(i) - 1] for i in reply]
+
+    return scripts.ScriptCall(scripts.HEARTBEAT, keys.for_heartbeat(ids), args, parse)
+
+
+def handoff(keys: KeySpace, held: Sequence[tuple[str, int]], state: str) -> scripts.ScriptCall[int]:
+    """Give ``(task_id, fence)`` pairs up for immediate resurrection (SIGTERM drain)."""
+    ids = [task_id for task_id, _ in held]
+    args: list[scripts.Arg] = [state]
+    for task_id, fence in held:
+        args += [task_id, fence]
+    return scripts.ScriptCall(scripts.HANDOFF, keys.for_handoff(ids), args, int)
+
+
+def commit(
+    keys: KeySpace, env: Envelope, record: str, result_ttl_ms: int
+) -> scripts.ScriptCall[Transition]:
+    idem = keys.idempotency(env.task, env.idem_key) if env.idem_key else None
+    return scripts.ScriptCall(
+        scripts.COMMIT,
+        keys.for_commit(env.id, idem),
+        [env.id, env.fence, record, result_ttl_ms],
+        parse_transition,
+    )
+
+
+def retry(
+    keys: KeySpace,
+    env: Envelope,
+    nxt: Envelope,
+    delay_ms: int,
+    grace_ms: int,
+    error: str,
+    *,
+    encoded: str,
+) -> scripts.ScriptCall[Transition]:
+    """Store ``nxt`` (fence + 1), encoded as ``encoded`` (signed when signing is on,
+    the same string the broker gets), as the task's next incarnation."""
+    assert nxt.fence == env.fence + 1, "the next incarnation must carry fence + 1"
+    tail = history_tail(
+        "retry", fence=env.fence, attempt=env.attempt, error=error, delay_ms=delay_ms
+    )
+    return scripts.ScriptCall(
+        scripts.RETRY,
+        keys.for_retry(env.id),
+        [env.id, env.fence, encoded, delay_ms, grace_ms, tail, uuid.uuid4().hex],
+        parse_transition,
+    )

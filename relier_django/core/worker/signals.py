@@ -1,0 +1,254 @@
+"""Worker lifecycle hooks, connected by ``@rl_task`` (idempotent).
+
+- ``worker_init``: the worker refuses to start while relier's Redis is unreachable.
+- ``celeryd_after_setup``: the worker consumes the recovery queue, whatever ``-Q``
+  says, so resurrected tasks always find a consumer.
+- ``worker_ready``: the embedded resurrector (a scanner thread in the worker's main
+  process; passes never block task execution).
+- ``worker_shutting_down`` (SIGTERM): stop scanning, hand reserved tasks off at once,
+  running ones after the drain timeout (``handoff.lua``), so they restart elsewhere
+  without waiting for a heartbeat TTL.
+- ``task_received``: each prefetched/reserved message is covered by a heartbeat from
+  the main process until a pool process accepts it (see ``reservations``).
+- ``task_failure`` with ``WorkerLostError`` (a pool process died: SIGKILL, the OOM
+  killer, a crash in C code): the main process hands the task it was running off at
+  once (``handoff.lua``), so it is resurrected at the next scan instead of after a
+  heartbeat TTL.
+- ``task_unknown``: an envelope for a task this worker does not know (a rolling
+  deploy, a typo in a route) is dead-lettered with reason ``unknown_task`` instead of
+  being discarded by Celery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import signals
+
+from ..model import config
+from ..recovery.resurrector import Scanner
+from ..store import bridge
+from ..store.connection import describe, sync_client
+from ..store.keys import KeySpace
+from . import fencing
+from .reservations import Reservations, fence_of, waiting_request_ids
+from .runner import Runner
+
+logger = logging.getLogger("relier_django.signals")
+
+_scanner: Scanner | None = None
+_reservations: Reservations | None = None
+
+
+def worker_id(hostname: object = None) -> str:
+    """``hostname:pid`` of this process, as logged and stored in task hashes."""
+    return f"{hostname or os.uname().nodename}:{os.getpid()}"
+
+
+# A worker that cannot reach relier's Redis could neither start nor commit a task:
+# every message it took would wait out a grace period before running elsewhere. It
+# refuses to start instead, after a short wait for a Redis starting beside it.
+_STARTUP_WAIT_S = 5.0
+
+
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Refuse to start (exit status 1) on settings that cannot be loaded, or while
+    relier's Redis is unreachable."""
+    cfg = _startup_config()
+    deadline = time.monotonic() + _STARTUP_WAIT_S
+    while True:
+        try:
+            sync_client(cfg, fail_fast=True).ping()
+            return
+        except redis.exceptions.RedisError as exc:
+            if time.monotonic() >= deadline:
+                # SystemExit, not an Exception: Celery's signal dispatch logs and swallows
+                # an Exception, and the worker would start anyway. Python prints the
+                # message on stderr, even before logging is set up.
+                raise SystemExit(
+                    f"relier_django: Redis at {describe(cfg)} is unreachable ({exc}); "
+                    "this worker refuses to start, since it could neither run nor commit a "
+                    "task. Start that Redis, or correct the REDIS_URL setting "
+                    "(RELIER_REDIS_URL)."
+                ) from exc
+            time.sleep(0.5)
+
+
+def _startup_config() -> config.Config:
+    """The config, or SystemExit with one line naming every bad setting.
+
+    A worker that started anyway would take messages only to fail each one with the
+    same error, and those tasks would wait out QUEUED_GRACE_S before running elsewhere.
+    """
+    try:
+        return config.current()
+    except Exception as exc:
+        # Any failure, not only a ConfigError (the Django layer raises its SettingsError,
+        # one line naming every bad setting): without a config no task can run.
+        # SystemExit, for the reason given in _on_worker_init.
+        detail = " ".join(str(exc).split())
+        raise SystemExit(
+            f"relier_django: its settings cannot be loaded: {detail}; this worker refuses "
+            "to start, since it would fail every task it took. Correct them in "
+            "settings.RELIER or the RELIER_* environment variables (docs/settings.md)."
+        ) from exc
+
+
+def _on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    queue = config.current().recovery_queue
+    instance.app.amqp.queues.select_add(queue)
+    logger.info("consuming the recovery queue %s", queue)
+    logger.info("relier's Redis: %s", describe(config.current()))  # passwords redacted
+
+
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    global _scanner
+    cfg = config.current()
+    if not cfg.embedded_resurrector or _scanner is not None:
+        return
+    app = getattr(sender, "app", None)
+    _scanner = Scanner(app, cfg, worker_id(getattr(sender, "hostname", None)))
+    _scanner.start_thread()
+    logger.info("embedded resurrector started scanner=%s", _scanner.scanner_id)
+
+
+def _on_worker_shutting_down(sig: str = "", how: str = "", **_: Any) -> None:
+    """Warm shutdown (SIGTERM): reserved tasks restart elsewhere now; running ones get
+    ``DRAIN_TIMEOUT_S`` to finish in place, then are handed off too."""
+    global _scanner, _reservations
+    if _scanner is not None:
+        _scanner.stop()  # releases the leader lease: another scanner takes over at once
+        _scanner = None
+    cfg = config.current()
+    if _reservations is not None:
+        try:
+            handed = _reservations.handoff()
+            logger.warning("shutdown: handed off %s reserved task(s)", handed)
+        except Exception:
+            logger.error(
+                "shutdown: reserved-task hand-off failed; they expire in one TTL", exc_info=True
+            )
+        _reservations = None
+    threading.Thread(
+        target=_drain_then_handoff, args=(cfg,), name="relier-drain", daemon=True
+    ).start()
+
+
+def _active_envelopes() -> list[tuple[str, int]]:
+    from celery.worker import state
+
+    held = []
+    for request in list(state.active_requests):
+        fence = fence_of(getattr(request, "args", None))
+        if fence is not None:
+            held.append((request.id, fence))
+    return held
+
+
+def _drain_then_handoff(cfg: config.Config) -> None:
+    time.sleep(cfg.drain_timeout_s)
+    held = _active_envelopes()
+    if not held:
+        return
+    try:
+        keys = KeySpace(cfg.key_prefix)
+        handed = fencing.handoff(keys, held, state="running").run(sync_client(cfg))
+        logger.warning(
+            "shutdown: drain timeout (%ss) passed; handed off %s running task(s) to resurrection",
+            cfg.drain_timeout_s,
+            handed,
+        )
+    except Exception:
+        logger.error(
+            "shutdown: running-task hand-off failed; they expire in one TTL", exc_info=True
+        )
+
+
+def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    global _reservations
+    fence = fence_of(getattr(request, "args", None))
+    if fence is None:
+        return  # not an @rl_task envelope
+    if _reservations is None:
+        _reservations = Reservations(config.current(), waiting_request_ids)
+        _reservations.start_thread()
+    _reservations.add(request.id, fence)
+
+
+def _on_task_failure(
+    sender: Any = None, task_id: str = "", exception: Any = None, args: Any = None, **_: Any
+) -> None:
+    """A pool process died under one of our tasks: hand it off now.
+
+    Celery's main process learns of the death at once (``WorkerLostError``), which the
+    heartbeat would only show after its TTL. The task may have died running
+    (``start.lua`` done) or between Celery's acceptance and ``start.lua``: both states
+    are offered, and ``handoff.lua`` acts only on the one this fence holds, so a task
+    that committed, or that another incarnation already superseded, is left alone."""
+    from billiard.exceptions import WorkerLostError
+
+    if not isinstance(exception, WorkerLostError):
+        return
+    fence = fence_of(args)
+    if fence is None:
+        return  # not an @rl_task envelope
+    cfg = config.current()
+    keys, held = KeySpace(cfg.key_prefix), [(task_id, fence)]
+    try:
+        client = sync_client(cfg)
+        handed = fencing.handoff(keys, held, state="running").run(client) or fencing.handoff(
+            keys, held, state="queued"
+        ).run(client)
+    except Exception:
+        logger.error(
+            "pool process died running task_id=%s; hand-off failed, it expires in one TTL",
+            task_id,
+            exc_info=True,
+        )
+        return
+    if handed:
+        logger.warning(
+            "pool process died running task_id=%s fence=%s: handed off to resurrection (%s)",
+            task_id,
+            fence,
+            exception,
+        )
+
+
+def _on_task_unknown(sender: Any = None, message: Any = None, name: str = "", **_: Any) -> None:
+    try:
+        body = message.decode() if message is not None else None
+    except Exception:  # an undecodable body is not ours to judge; Celery already logged it
+        return
+    args = body[0] if isinstance(body, list | tuple) and body else None
+    if args is None or fence_of(args) is None:
+        return  # not an @rl_task message
+    hostname = getattr(sender, "hostname", None)
+    runner = Runner(None, getattr(sender, "app", None), config.current(), worker_id(hostname))
+    try:
+        bridge.run(runner.run(args[0], expected_task=name), timeout_s=30)
+    except Exception:
+        logger.error(
+            "could not dead-letter unknown task %s; body: %r", name, args[0], exc_info=True
+        )
+
+
+def connect() -> None:
+    """Connect the hooks (idempotent)."""
+    uid = "relier_django."
+    signals.worker_init.connect(_on_worker_init, dispatch_uid=uid + "worker_init", weak=False)
+    signals.celeryd_after_setup.connect(
+        _on_after_setup, dispatch_uid=uid + "after_setup", weak=False
+    )
+    signals.worker_ready.connect(_on_worker_ready, dispatch_uid=uid + "worker_ready", weak=False)
+    signals.worker_shutting_down.connect(
+        _on_worker_shutting_down, dispatch_uid=uid + "shutting_down", weak=False
+    )
+    signals.task_received.connect(_on_task_received, dispatch_uid=uid + "task_received", weak=False)
+    signals.task_failure.connect(_on_task_failure, dispatch_uid=uid + "task_failure", weak=False)
+    signals.task_unknown.connect(_on_task_unknown, dispatch_uid=uid + "task_unknown", weak=False)
