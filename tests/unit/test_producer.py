@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from relier_django.core.model import arguments
 from relier_django.core.model.backoff import backoff_s
 from relier_django.core.model.envelope import canonical
 from relier_django.core.model.idem_key import derive_key
@@ -107,8 +108,8 @@ def nested(levels: int) -> list:
 
 
 def test_nesting_beyond_the_limit_is_a_type_error_naming_the_argument_not_a_recursion_error():
-    producer.prepare(RECORD, (nested(producer.MAX_ARGUMENT_DEPTH),), {})  # at the limit: fine
-    for too_deep in (nested(producer.MAX_ARGUMENT_DEPTH + 1), nested(3000)):
+    producer.prepare(RECORD, (nested(arguments.MAX_ARGUMENT_DEPTH),), {})  # at the limit: fine
+    for too_deep in (nested(arguments.MAX_ARGUMENT_DEPTH + 1), nested(3000)):
         with pytest.raises(TypeError, match=r"argument 'data' holds lists or dicts nested more"):
             producer.prepare(RECORD, (too_deep,), {})
     itself: list = []

@@ -96,32 +96,40 @@ def _load(name: str) -> LuaScript:
     return LuaScript(name=name, source="".join(lines))
 
 
-PUSH = _load("push")
-ABORT = _load("abort")
-START = _load("start")
-HEARTBEAT = _load("heartbeat")
-COMMIT = _load("commit")
-RETRY = _load("retry")
-DEAD_LETTER = _load("dead_letter")
-RESURRECT = _load("resurrect")
-RESURRECTED = _load("resurrected")
-LEADER = _load("leader")
-LEADER_RELEASE = _load("leader_release")
-HANDOFF = _load("handoff")
-RELEASE = _load("release")
-RELEASE_DONE = _load("release_done")
-RELEASE_ABORT = _load("release_abort")
-DLQ_DELETE = _load("dlq_delete")
-CHECKPOINT = _load("checkpoint")
-ADMIT = _load("admit")
-LOCK_ACQUIRE = _load("lock_acquire")
-LOCK_EXTEND = _load("lock_extend")
-LOCK_RELEASE = _load("lock_release")
-RATELIMIT = _load("ratelimit")
+# Each script, and the one module that owns its operation: its typed wrapper lives there
+# and nowhere else calls it (tests/unit/test_layout.py keeps this table true).
+PUSH = _load("push")  # push.idempotency: store a new task, claim its key, admit it
+ABORT = _load("abort")  # push.idempotency: undo a store whose publish failed
+ADMIT = _load("admit")  # push.admission: the standalone admission check
+START = _load("start")  # worker.fencing: one start per fence
+HEARTBEAT = _load("heartbeat")  # worker.fencing: refresh and validate held tasks
+COMMIT = _load("commit")  # worker.fencing: fenced result write
+RETRY = _load("retry")  # worker.fencing: the next incarnation, fence + 1
+HANDOFF = _load("handoff")  # worker.fencing: give tasks up on SIGTERM or a dead child
+CHECKPOINT = _load("checkpoint")  # store.checkpoint: a running incarnation's checkpoint
+RESURRECT = _load("resurrect")  # recovery.resurrector: lease expired tasks, fence + 1
+RESURRECTED = _load("resurrected")  # recovery.resurrector: count what the broker took
+LEADER = _load("leader")  # recovery.resurrector: the scanner lease
+LEADER_RELEASE = _load("leader_release")  # recovery.resurrector: give the lease up
+DEAD_LETTER = _load("dead_letter")  # dlq.dead_letter: file a failure
+RELEASE = _load("release")  # dlq.release: re-create an entry's task
+RELEASE_DONE = _load("release_done")  # dlq.release: the broker took it
+RELEASE_ABORT = _load("release_abort")  # dlq.release: the broker refused it
+DLQ_DELETE = _load("dlq_delete")  # dlq.store: delete and purge
+LOCK_ACQUIRE = _load("lock_acquire")  # extras.lock
+LOCK_EXTEND = _load("lock_extend")  # extras.lock
+LOCK_RELEASE = _load("lock_release")  # extras.lock
+RATELIMIT = _load("ratelimit")  # extras.ratelimit: one hit on a view's limiter
 
-ALL: tuple[LuaScript, ...] = (
-    PUSH, ABORT, START, HEARTBEAT, COMMIT, RETRY, DEAD_LETTER,
-    RESURRECT, RESURRECTED, LEADER, LEADER_RELEASE, HANDOFF,
-    RELEASE, RELEASE_DONE, RELEASE_ABORT, DLQ_DELETE, CHECKPOINT, ADMIT,
-    LOCK_ACQUIRE, LOCK_EXTEND, LOCK_RELEASE, RATELIMIT,
-)  # fmt: skip
+OWNERS: dict[LuaScript, str] = {
+    PUSH: "push.idempotency", ABORT: "push.idempotency", ADMIT: "push.admission",
+    START: "worker.fencing", HEARTBEAT: "worker.fencing", COMMIT: "worker.fencing",
+    RETRY: "worker.fencing", HANDOFF: "worker.fencing", CHECKPOINT: "store.checkpoint",
+    RESURRECT: "recovery.resurrector", RESURRECTED: "recovery.resurrector",
+    LEADER: "recovery.resurrector", LEADER_RELEASE: "recovery.resurrector",
+    DEAD_LETTER: "dlq.dead_letter", RELEASE: "dlq.release", RELEASE_DONE: "dlq.release",
+    RELEASE_ABORT: "dlq.release", DLQ_DELETE: "dlq.store", LOCK_ACQUIRE: "extras.lock",
+    LOCK_EXTEND: "extras.lock", LOCK_RELEASE: "extras.lock", RATELIMIT: "extras.ratelimit",
+}  # fmt: skip
+
+ALL: tuple[LuaScript, ...] = tuple(OWNERS)

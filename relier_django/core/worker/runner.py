@@ -4,8 +4,10 @@
 in the thread Celery calls them from (``run_blocking``): start and commit through the
 process's sync client, the function inline, the heartbeat on the bridge loop; the rare
 outcomes (a message that cannot be decoded or is addressed to another task, a failure,
-a retry, the DLQ) cross to the loop and share ``run``'s code. The runner never imports
-the producer: a retry re-publishes through ``broker`` directly.
+a retry, the DLQ) cross to the loop and share ``run``'s code. Both paths end in one
+classification (``_outcome``: commit, retry, dead-letter or nothing) and the message
+is decoded once. The runner never imports the producer: a retry re-publishes through
+``broker`` directly.
 
 With signing keys configured, every message is verified on arrival and every envelope
 the runner writes (a retry, a DLQ entry) is signed with the newest key.
@@ -17,6 +19,7 @@ import asyncio
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..broker import publish
@@ -50,6 +53,24 @@ class _Unrunnable(Exception):
         self.failure = failure
 
 
+@dataclass(frozen=True, slots=True)
+class _Commit:
+    record: str  # the outcome record, as commit.lua stores it
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    error: str  # one line, for the history
+
+
+@dataclass(frozen=True, slots=True)
+class _Dead:
+    failure: Failure
+
+
+_Action = _Commit | _Retry | _Dead
+
+
 class Runner:
     """Runs messages of one task definition with one config."""
 
@@ -73,31 +94,7 @@ class Runner:
     async def run(self, raw: object, expected_task: str | None = None) -> None:
         """Execute one delivered message. Never raises for task-level failures: every
         outcome is a commit, a retry, a dead-letter, or a logged refusal."""
-        try:
-            env = decode(raw, self.signer)
-        except EnvelopeError as exc:
-            logger.error("undecodable message reason=%s: %s", exc.reason, exc)
-            await self._dead(
-                None,
-                Failure(Reason(exc.reason), "EnvelopeError", str(exc), worker=self.worker),
-                raw=exc.raw,
-            )
-            return
-        if self.spec is None or env.task != (expected_task or self.spec.name):
-            await self._dead(
-                env,
-                Failure(
-                    Reason.UNKNOWN_TASK,
-                    "NotRegistered",
-                    f"no task named {env.task!r} on worker {self.worker}",
-                    worker=self.worker,
-                ),
-                # Not started here: only a task still waiting for its start is ours to
-                # file (another copy may be running it on a worker that knows it).
-                held="queued",
-            )
-            return
-        await self._incarnation(self.spec, env)
+        await self._route(raw, self._decode(raw), expected_task)
 
     def run_blocking(self, raw: object) -> None:
         """Execute one delivered message of a plain ``def`` task in the calling thread.
@@ -106,14 +103,39 @@ class Runner:
         (undecodable, addressed to another task, an ``async def`` task). A superseded
         incarnation learns it from ``ctx.is_current()``; it cannot be interrupted, and
         its commit is refused (G2)."""
-        spec = self.spec
+        spec, env = self.spec, self._decode(raw)
+        if isinstance(env, Envelope) and spec and not spec.is_async and env.task == spec.name:
+            self._blocking_incarnation(spec, env)
+        else:
+            bridge.run(self._route(raw, env))
+
+    def _decode(self, raw: object) -> Envelope | EnvelopeError:
         try:
-            env = decode(raw, self.signer)
-        except EnvelopeError:
-            env = None
-        if env is None or spec is None or spec.is_async or env.task != spec.name:
-            bridge.run(self.run(raw))
+            return decode(raw, self.signer)
+        except EnvelopeError as exc:
+            return exc
+
+    async def _route(
+        self, raw: object, env: Envelope | EnvelopeError, expected_task: str | None = None
+    ) -> None:
+        """A decoded message to its incarnation, or to the DLQ when it cannot have one."""
+        if isinstance(env, EnvelopeError):
+            logger.error("undecodable message reason=%s: %s", env.reason, env)
+            failure = Failure(Reason(env.reason), "EnvelopeError", str(env), worker=self.worker)
+            await self._dead(None, failure, raw=env.raw)
             return
+        if self.spec is None or env.task != (expected_task or self.spec.name):
+            failure = Failure(
+                Reason.UNKNOWN_TASK, "NotRegistered",
+                f"no task named {env.task!r} on worker {self.worker}", worker=self.worker,
+            )  # fmt: skip
+            # Not started here: only a task still waiting for its start is ours to file
+            # (another copy may be running it on a worker that knows it).
+            await self._dead(env, failure, held="queued")
+            return
+        await self._incarnation(self.spec, env)
+
+    def _blocking_incarnation(self, spec: TaskSpec, env: Envelope) -> None:
         started = self._start_call(env).run(sync_client(self.config))
         if not started.started:
             self._refused(env, started)
@@ -121,34 +143,27 @@ class Runner:
         ctx = self._context(env, bridge.loop())
         beats = heartbeat.for_loop(bridge.loop(), self.config)
         beats.add(env.id, env.fence, ctx.mark_lost)
+        result: Any = None
+        error: BaseException | None = None
         try:
             call = self._upgrade(spec, env)
             if started.checkpoint:
                 ctx._partial = checkpoint.load(started.checkpoint)
             args = (ctx, *call.args) if spec.wants_context else call.args
             result = spec.fn(*args, **call.kwargs)
-        except TaskLost:
-            logger.warning("incarnation gave up: superseded task_id=%s fence=%s", env.id, env.fence)
-            return
-        except _Unrunnable as exc:
-            beats.remove(env.id, env.fence)
-            bridge.run(self._dead(env, exc.failure))
-            return
-        except Exception as exc:
-            beats.remove(env.id, env.fence)  # before the outcome, as in _incarnation
-            bridge.run(self._failed(spec, env, exc))
-            return
+        except (Exception, TaskLost) as exc:
+            error = exc
         finally:
             beats.remove(env.id, env.fence)
-        record = self._record(result, env.fence)
-        if isinstance(record, Failure):
-            bridge.run(self._dead(env, record))
-            return
-        done = fencing.commit(self.keys, env, record, self.result_ttl_ms).run(
-            sync_client(self.config)
-        )
-        if self._committed(env, done) and self.config.checkpoint_dir is not None:
-            checkpoint.remove_files(self.config.checkpoint_dir, env.id)
+        action = self._outcome(spec, env, ctx, result, error)
+        if isinstance(action, _Commit):  # the common case: no crossing to the loop
+            done = fencing.commit(self.keys, env, action.record, self.result_ttl_ms).run(
+                sync_client(self.config)
+            )
+            if self._committed(env, done) and self.config.checkpoint_dir is not None:
+                checkpoint.remove_files(self.config.checkpoint_dir, env.id)
+        elif action is not None:
+            bridge.run(self._act(spec, env, action))
 
     def _start_call(self, env: Envelope) -> ScriptCall[StartResult]:
         ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
@@ -187,42 +202,61 @@ class Runner:
 
         beats.add(env.id, env.fence, lost)
         timers = timeouts.arm(spec, ctx, work)
+        result: Any = None
+        error: BaseException | None = None
         try:
             result = await work
-        except asyncio.CancelledError:
-            if ctx.hard_timed_out:
-                beats.remove(env.id, env.fence)
-                await self._dead(env, timeouts.failure(spec, self.worker))
-                return
-            if ctx.is_current():
+        except asyncio.CancelledError as exc:
+            if not ctx.hard_timed_out and ctx.is_current():
                 raise  # the worker itself is shutting down
+            error = exc  # a hard timeout, or the incarnation was superseded
+        except (Exception, TaskLost) as exc:
+            error = exc
+        finally:
+            # Out of the heartbeat set before the outcome: a retry moves the fence, and
+            # that must not read as this incarnation being superseded.
+            timers.cancel()
+            beats.remove(env.id, env.fence)
+        action = self._outcome(spec, env, ctx, result, error)
+        if action is not None:
+            await self._act(spec, env, action)
+
+    def _outcome(
+        self, spec: TaskSpec, env: Envelope, ctx: TaskContext, result: Any,
+        error: BaseException | None,
+    ) -> _Action | None:  # fmt: skip
+        """What an incarnation's ending means, for ``def`` and ``async def`` tasks alike:
+        commit, retry, dead-letter, or nothing (it was superseded)."""
+        if isinstance(error, _Unrunnable):
+            return _Dead(error.failure)
+        if isinstance(error, TaskLost):
+            logger.warning("incarnation gave up: superseded task_id=%s fence=%s", env.id, env.fence)
+            return None
+        if ctx.hard_timed_out:
+            # Cancelled at its deadline, or it turned the cancellation into an error of
+            # its own, or swallowed it: past its deadline all the same.
+            return _Dead(timeouts.failure(spec, self.worker))
+        if isinstance(error, asyncio.CancelledError):
             logger.warning(
                 "incarnation cancelled: superseded task_id=%s fence=%s", env.id, env.fence
             )
-            return
-        except TaskLost:
-            logger.warning("incarnation gave up: superseded task_id=%s fence=%s", env.id, env.fence)
-            return
-        except _Unrunnable as exc:
-            beats.remove(env.id, env.fence)
-            await self._dead(env, exc.failure)
-            return
-        except Exception as exc:
-            # Out of the heartbeat set before the outcome: a retry moves the fence, and
-            # that must not read as this incarnation being superseded.
-            beats.remove(env.id, env.fence)
-            if ctx.hard_timed_out:  # it turned the cancellation into an error of its own
-                await self._dead(env, timeouts.failure(spec, self.worker))
-                return
-            await self._failed(spec, env, exc)
-            return
-        finally:
-            timers.cancel()
-            beats.remove(env.id, env.fence)
-        if ctx.hard_timed_out:  # it swallowed the cancellation: still past its deadline
-            await self._dead(env, timeouts.failure(spec, self.worker))
-            return
-        await self._commit(env, result)
+            return None
+        if isinstance(error, Exception):
+            return self._failed(spec, env, error)
+        record = self._record(result, env.fence)
+        return _Dead(record) if isinstance(record, Failure) else _Commit(record)
+
+    async def _act(self, spec: TaskSpec, env: Envelope, action: _Action) -> None:
+        if isinstance(action, _Commit):
+            done = await fencing.commit(self.keys, env, action.record, self.result_ttl_ms).arun(
+                self.client
+            )
+            if self._committed(env, done) and self.config.checkpoint_dir is not None:
+                await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
+        elif isinstance(action, _Retry):
+            await self._retry(spec, env, action.error)
+        else:
+            await self._dead(env, action.failure)
 
     def _saver(self, ctx: TaskContext, env: Envelope) -> Callable[[Any], Awaitable[None]]:
         async def save(state: Any) -> None:
@@ -283,15 +317,6 @@ class Runner:
             )  # fmt: skip
         return call
 
-    async def _commit(self, env: Envelope, result: Any) -> None:
-        record = self._record(result, env.fence)
-        if isinstance(record, Failure):
-            await self._dead(env, record)
-            return
-        done = await fencing.commit(self.keys, env, record, self.result_ttl_ms).arun(self.client)
-        if self._committed(env, done) and self.config.checkpoint_dir is not None:
-            await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
-
     def _record(self, result: Any, fence: int) -> str | Failure:
         """The result as committed, or the DLQ failure of one that is not JSON."""
         try:
@@ -318,22 +343,15 @@ class Runner:
             )
         return done.accepted
 
-    async def _failed(self, spec: TaskSpec, env: Envelope, exc: Exception) -> None:
+    def _failed(self, spec: TaskSpec, env: Envelope, exc: Exception) -> _Action:
+        """A task that raised: retried while ``retry_on`` allows it, else dead-lettered."""
         retryable = isinstance(exc, spec.retry_on) if spec.retry_on else False
         max_retries = spec.max_retries if spec.max_retries is not None else self.config.max_retries
-        error = f"{type(exc).__name__}: {exc}"
         if retryable and env.attempt <= max_retries:
-            await self._retry(spec, env, error)
-            return
+            return _Retry(f"{type(exc).__name__}: {exc}")
         reason = Reason.RETRIES_EXHAUSTED if retryable else Reason.EXCEPTION
-        failure = Failure(
-            reason,
-            type(exc).__name__,
-            str(exc),
-            "".join(traceback.format_exception(exc)),
-            worker=self.worker,
-        )
-        await self._dead(env, failure)
+        trace = "".join(traceback.format_exception(exc))
+        return _Dead(Failure(reason, type(exc).__name__, str(exc), trace, worker=self.worker))
 
     async def _retry(self, spec: TaskSpec, env: Envelope, error: str) -> None:
         delay_s = backoff_s(
