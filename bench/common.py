@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 sys.path.insert(0, str(REPO))
 
-from testproject.cluster import RedisServer, worker_env  # noqa: E402
+from testproject.harness import RedisServer, worker_env  # noqa: E402
 
 
 @contextlib.contextmanager

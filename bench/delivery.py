@@ -89,7 +89,7 @@ def snapshot(client, labels: list[str]) -> tuple[list[int], list[list[Start]]]:
 def run_contender(
     contender: str, n: int, kills: int, seed: int, log_dir: Path, prefetch: int
 ) -> dict:
-    from testproject.cluster import CeleryWorker
+    from testproject.harness import CeleryWorker
 
     task, extra = CONTENDERS[contender]
     rng = random.Random(seed)
@@ -220,7 +220,7 @@ def redispatch_latencies(
 def _point_at(url: str) -> None:
     from relier_django import conf
     from testproject.celery import app
-    from testproject.cluster import reset_celery_connections
+    from testproject.harness import reset_celery_connections
 
     app.conf.broker_url = url
     reset_celery_connections(app)

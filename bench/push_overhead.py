@@ -79,7 +79,7 @@ def per_task_commands(server, client, push, n: int) -> dict[str, float]:
     and the drain check's LLEN/ZCARD; both are a few per run, not per task)."""
     from relier_django.core.model import config
     from relier_django.core.store.keys import KeySpace
-    from testproject.cluster import CeleryWorker
+    from testproject.harness import CeleryWorker
 
     expiry = KeySpace(config.current().key_prefix).expiry
 

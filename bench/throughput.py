@@ -55,7 +55,7 @@ def run(contender: str, n: int, sleep_s: float, log_dir: Path) -> tuple[float, d
     """Tasks per second for ``n`` tasks of ``sleep_s`` each, first push to last run,
     and the CPU milliseconds per task spent by the producer (this process), the
     worker (main and pool processes) and redis-server over that span."""
-    from testproject.cluster import CeleryWorker
+    from testproject.harness import CeleryWorker
 
     task, extra = CONTENDERS[contender]
     pusher = "relier" if contender.startswith("relier") else contender

@@ -19,7 +19,7 @@ import contextlib
 import threading
 from dataclasses import dataclass, field
 
-from testproject.cluster import free_port
+from testproject.harness import free_port
 
 _CHUNK = 65536
 

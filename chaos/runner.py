@@ -2,7 +2,7 @@
 its faults, wait for quiescence, collect the evidence, check the invariants.
 
 A scenario is a function of a :class:`Run`; the run owns every process (through its
-:class:`~chaos.cluster.Cluster`), the seeded random generator, the record of pushes
+:class:`~chaos.supervisor.Cluster`), the seeded random generator, the record of pushes
 and faults, and the scenario's own extra checks.
 """
 
@@ -27,10 +27,10 @@ import redis
 
 from . import evidence as evidence_mod
 from . import invariants
-from .cluster import FAST_ENV, HEARTBEAT_TTL_S, SCAN_INTERVAL_S, Cluster
 from .evidence import Evidence, Pushed
 from .invariants import Check
 from .report import Fault, Report, latency_summary, recovery_latencies
+from .supervisor import FAST_ENV, HEARTBEAT_TTL_S, SCAN_INTERVAL_S, Cluster
 
 SMALL_TASKS = 20
 FULL_TASKS = 500
@@ -76,7 +76,7 @@ def _setup_django() -> None:
 def pointed_at(env: Mapping[str, str], celery_conf: Mapping[str, Any] | None = None):  # type: ignore[no-untyped-def]
     """This process's relier config and Celery app follow ``env`` (as a worker's would)
     and ``celery_conf`` until the block ends; everything is restored after."""
-    from testproject.cluster import process_pointed_at
+    from testproject.harness import process_pointed_at
 
     names = {n: v for n, v in env.items() if n.startswith(("RELIER_", "CELERY_"))}
     with process_pointed_at(names, **dict(celery_conf or {})):

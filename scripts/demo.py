@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from testproject.cluster import (  # noqa: E402
+from testproject.harness import (  # noqa: E402
     CeleryWorker,
     RedisServer,
     wait_until,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from testproject.cluster import CeleryWorker, RedisServer, reset_celery_connections
+from testproject.harness import CeleryWorker, RedisServer, reset_celery_connections
 from testproject.lostreply import LostReplyProxy
 
 TESTS_DIR = Path(__file__).resolve().parent

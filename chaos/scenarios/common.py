@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from testproject.cluster import CeleryWorker
+from testproject.harness import CeleryWorker
 
 from ..evidence import ZOMBIE_REFUSALS, Evidence, read_logs, read_outcomes
 from ..invariants import Check

@@ -6,7 +6,7 @@ import threading
 import time
 from collections import Counter
 
-from testproject.cluster import CeleryWorker
+from testproject.harness import CeleryWorker
 
 from ..evidence import Evidence
 from ..invariants import Check

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from testproject.cluster import wait_until
+from testproject.harness import wait_until
 
 from ..evidence import Evidence
 from ..invariants import Check
@@ -112,7 +112,7 @@ _groups: dict[int, Any] = {}
 
 def failover_setup(run: Run) -> dict[str, Any]:
     from testproject.celery import app
-    from testproject.cluster import SentinelGroup
+    from testproject.harness import SentinelGroup
 
     group = SentinelGroup(directory=run.run_dir / "sentinel-group")
     run.cluster.adopt(group)  # stopped with everything else, even if start() fails half-way

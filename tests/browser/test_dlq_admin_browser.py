@@ -26,8 +26,8 @@ from relier_django.core.model.failure import Failure, Reason
 from relier_django.core.push import idempotency, producer
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
-from testproject.cluster import REPO_ROOT
 from testproject.demo import tasks
+from testproject.harness import REPO_ROOT
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ from chaos.evidence import DlqRecord, Evidence, Execution, LogEvent, Pushed
 from chaos.invariants import check, passed
 from chaos.report import Report
 from chaos.scenarios.common import stale_incarnation_checks
-from testproject.cluster import REPO_ROOT
+from testproject.harness import REPO_ROOT
 
 SHARED_INVARIANTS = [
     "pushed = committed once + in DLQ with a reason",

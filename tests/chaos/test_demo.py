@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from testproject.cluster import REPO_ROOT, free_port
+from testproject.harness import REPO_ROOT, free_port
 
 
 def test_demo_runs_to_a_report_whose_numbers_add_up(tmp_path):

@@ -12,8 +12,8 @@ import pytest
 
 from relier_django import Receipt, TaskFailed
 from relier_django import dlq as django_dlq
-from testproject.cluster import REPO_ROOT, wait_until, worker_env
 from testproject.demo import tasks
+from testproject.harness import REPO_ROOT, wait_until, worker_env
 
 
 def manage(redis_url: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:

@@ -22,16 +22,17 @@ import pytest
 import redis
 
 from relier_django import TaskFailed
-from relier_django.core import config, fencing
-from relier_django.core.connection import sync_client
-from relier_django.core.dlq_store import DeadLetterStore
-from relier_django.core.envelope import Envelope, decode
-from relier_django.core.keys import KeySpace
-from relier_django.core.receipt import Receipt
-from relier_django.core.resurrector import Resurrector
+from relier_django.core.dlq.store import DeadLetterStore
+from relier_django.core.model import config
+from relier_django.core.model.envelope import Envelope, decode
+from relier_django.core.recovery.resurrector import Resurrector
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.store.receipt import Receipt
+from relier_django.core.worker import fencing
 from testproject.celery import app
-from testproject.cluster import CeleryWorker, wait_until
 from testproject.demo import tasks
+from testproject.harness import CeleryWorker, wait_until
 
 KEYS = KeySpace("rl")
 LACKS = {"DEMO_WORKER_LACKS": "demo.record,demo.sync_record"}

@@ -16,8 +16,8 @@ from relier_django.core.dlq.store import DeadLetterStore
 from relier_django.core.model import config
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
-from testproject.cluster import wait_until
 from testproject.demo import tasks
+from testproject.harness import wait_until
 from tests.leaks import assert_no_leaked_keys
 
 KEYS = KeySpace("rl")
@@ -216,7 +216,7 @@ def test_a_producer_killed_between_store_and_send_loses_nothing(
     import subprocess
     import sys
 
-    from testproject.cluster import REPO_ROOT, worker_env
+    from testproject.harness import REPO_ROOT, worker_env
 
     broker_url = redis_server.url.rsplit("/", 1)[0] + "/1"
     elsewhere = {"CELERY_BROKER_URL": broker_url, "RELIER_QUEUED_GRACE_S": "2"}

@@ -13,8 +13,8 @@ from relier_django.core.push import idempotency, producer
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from relier_django.core.worker import fencing
-from testproject.cluster import REPO_ROOT, wait_until, worker_env
 from testproject.demo import tasks
+from testproject.harness import REPO_ROOT, wait_until, worker_env
 
 KEYS = KeySpace("rl")
 ENV = {"RELIER_LEADER_LEASE_S": "2", "RELIER_SCAN_INTERVAL_S": "0.2", "RELIER_LOG_LEVEL": "INFO"}

@@ -25,13 +25,13 @@ from relier_django.core.model import config
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
-from testproject.cluster import (
+from testproject.demo import tasks
+from testproject.harness import (
     SentinelGroup,
     process_pointed_at,
     sentinel_group,
     wait_until,
 )
-from testproject.demo import tasks
 from tests.leaks import assert_no_leaked_keys
 
 KEYS = KeySpace("rl")

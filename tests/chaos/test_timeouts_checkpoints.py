@@ -15,8 +15,8 @@ from relier_django.core.model import config
 from relier_django.core.store import checkpoint
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
-from testproject.cluster import wait_until
 from testproject.demo import tasks
+from testproject.harness import wait_until
 from tests.leaks import assert_no_leaked_keys
 
 KEYS = KeySpace("rl")

@@ -25,7 +25,7 @@ from django.test import override_settings
 from relier_django import conf
 from relier_django.core.model.spec import TaskSpec
 from relier_django.core.task import RelierTask
-from testproject.cluster import REPO_ROOT, CeleryWorker, RedisServer, free_port, worker_env
+from testproject.harness import REPO_ROOT, CeleryWorker, RedisServer, free_port, worker_env
 
 StartRedis = Callable[..., RedisServer]
 

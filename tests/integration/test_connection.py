@@ -27,7 +27,8 @@ from relier_django.core.model.errors import ConfigError
 from relier_django.core.store import connection
 from relier_django.core.store.connection import async_client, redact, sync_client
 from relier_django.core.store.scripts import LuaScript
-from testproject.cluster import (
+from testproject.demo import tasks
+from testproject.harness import (
     REPO_ROOT,
     CeleryWorker,
     RedisServer,
@@ -37,7 +38,6 @@ from testproject.cluster import (
     wait_until,
     worker_env,
 )
-from testproject.demo import tasks
 
 # Characters that must be percent-encoded in a URL: the password has to survive the
 # round trip through quoting, and must not appear in any form.

@@ -151,7 +151,7 @@ def test_a_tampered_message_is_dead_lettered_with_its_raw_body_and_never_runs(wo
     def dead() -> list:
         return list(DeadLetterStore(client, KEYS).iter())
 
-    from testproject.cluster import wait_until
+    from testproject.harness import wait_until
 
     entries = wait_until(dead, 30, what="the DLQ entry")
     assert entries[0].reason == "payload_integrity"
@@ -161,7 +161,7 @@ def test_a_tampered_message_is_dead_lettered_with_its_raw_body_and_never_runs(wo
 
 def test_a_message_not_sent_by_push_is_kept_in_the_dlq(worker, redis_client):
     from testproject.celery import app
-    from testproject.cluster import wait_until
+    from testproject.harness import wait_until
 
     app.send_task("demo.record", args=["a", "b"], serializer="json")
     client = sync_client(config.current())

@@ -20,8 +20,8 @@ from relier_django import conf
 from relier_django import dlq as dlq_api
 from relier_django.core.broker import publish
 from relier_django.core.model.failure import Reason
-from testproject.cluster import free_port
 from testproject.demo import tasks
+from testproject.harness import free_port
 from tests.dlq_entries import fail, traceback_of, untied
 
 pytestmark = pytest.mark.django_db

@@ -23,8 +23,8 @@ from relier_django.core.dlq.store import DeadLetterStore
 from relier_django.core.model.failure import Reason
 from relier_django.core.store.keys import KeySpace
 from relier_django.dlq_render import utc_text
-from testproject.cluster import free_port
 from testproject.demo import tasks
+from testproject.harness import free_port
 from tests import dlq_entries as entries
 from tests.dlq_entries import untied
 
@@ -558,7 +558,7 @@ def test_an_unreachable_redis_is_a_command_error_without_the_password(monkeypatc
 
 
 def test_a_release_with_the_broker_down_changes_nothing_and_a_rerun_releases(store):
-    from testproject.cluster import process_pointed_at
+    from testproject.harness import process_pointed_at
 
     ids = [fail(arg="b1"), fail(arg="b2")]
     before = {entry_id: store.get(entry_id) for entry_id in ids}

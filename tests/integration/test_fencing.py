@@ -14,8 +14,8 @@ from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from relier_django.core.worker import fencing
 from testproject.celery import app
-from testproject.cluster import wait_until
 from testproject.demo import tasks
+from testproject.harness import wait_until
 
 KEYS = KeySpace("rl")
 

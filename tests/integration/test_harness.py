@@ -5,7 +5,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from testproject.cluster import wait_until
+from testproject.harness import wait_until
 
 
 def test_private_redis_is_configured_for_durability(redis_server, redis_client):

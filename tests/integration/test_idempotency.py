@@ -18,8 +18,8 @@ from relier_django.core.push import idempotency, producer
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
-from testproject.cluster import REPO_ROOT, worker_env
 from testproject.demo import tasks
+from testproject.harness import REPO_ROOT, worker_env
 
 KEYS = KeySpace("rl")
 

@@ -25,7 +25,7 @@ from relier_django.core.model import config
 from relier_django.core.model.errors import LockLost, LockNotAcquired, RelierError
 from relier_django.core.store.connection import close_loop_clients
 from relier_django.core.store.keys import KeySpace
-from testproject.cluster import REPO_ROOT, wait_until
+from testproject.harness import REPO_ROOT, wait_until
 
 KEYS = KeySpace("rl")
 

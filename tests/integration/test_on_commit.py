@@ -29,8 +29,8 @@ from relier_django.core.push import aftercommit
 from relier_django.core.store.keys import KeySpace
 from relier_django.core.store.receipt import DispatchState, NotDispatched, Receipt
 from relier_django.transactions import replay
-from testproject.cluster import CeleryWorker, free_port, process_pointed_at, redis_server
 from testproject.demo import tasks
+from testproject.harness import CeleryWorker, free_port, process_pointed_at, redis_server
 
 KEYS = KeySpace("rl")
 

@@ -25,7 +25,7 @@ from relier_django.core.model.rates import Rate
 from relier_django.core.push import admission
 from relier_django.core.store import pipelined
 from relier_django.core.store.keys import KeySpace
-from testproject.cluster import redis_server
+from testproject.harness import redis_server
 
 KEYS = KeySpace("rl")
 T = TypeVar("T")

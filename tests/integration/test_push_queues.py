@@ -17,8 +17,8 @@ from relier_django.core.push import idempotency, producer
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
-from testproject.cluster import CeleryWorker, RedisServer, process_pointed_at
 from testproject.demo import tasks
+from testproject.harness import CeleryWorker, RedisServer, process_pointed_at
 
 KEYS = KeySpace("rl")
 

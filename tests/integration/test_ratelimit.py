@@ -36,7 +36,7 @@ from relier_django.core.extras.ratelimit import Rate, hit
 from relier_django.core.store.connection import close_loop_clients
 from relier_django.core.store.keys import KeySpace
 from relier_django.ratelimit import rate_limit
-from testproject.cluster import free_port
+from testproject.harness import free_port
 from tests import ratelimit_urls
 
 KEYS = KeySpace("rl")

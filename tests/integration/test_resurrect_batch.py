@@ -18,8 +18,8 @@ from relier_django.core.recovery.resurrector import SCRIPT_BATCH, Resurrector
 from relier_django.core.store import scripts
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
-from testproject.cluster import RedisServer
 from testproject.demo import tasks
+from testproject.harness import RedisServer
 
 KEYS = KeySpace("rl")
 

@@ -22,8 +22,8 @@ from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from relier_django.dlq import release_entry
 from testproject.celery import app
-from testproject.cluster import wait_until
 from testproject.demo import tasks
+from testproject.harness import wait_until
 
 KEYS = KeySpace("rl")
 NEW = "new-key-" + "n" * 40  # test keys: long enough, obviously not secret

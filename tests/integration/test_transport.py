@@ -13,8 +13,8 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from relier_django.core.broker.marker import MARKER_HEADER
 from relier_django.transport import Transport
-from testproject.cluster import RedisServer, make_tls_files
 from testproject.demo import tasks
+from testproject.harness import RedisServer, make_tls_files
 
 QUEUE = Queue("tq", Exchange("tq", type="direct"), routing_key="tq")
 

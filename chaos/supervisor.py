@@ -1,6 +1,6 @@
 """Everything one scenario starts, and the supervisor that restarts what it kills.
 
-Built on ``testproject/cluster.py`` (RedisServer, CeleryWorker). Every process is
+Built on ``testproject/harness.py`` (RedisServer, CeleryWorker). Every process is
 recorded the moment it runs and is stopped by PID (workers by their own process
 group) in :meth:`Cluster.stop`, which runs in a ``finally`` and again at interpreter
 exit (``atexit``), so a failing or interrupted run leaves nothing behind.
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testproject.cluster import REPO_ROOT, CeleryWorker, RedisServer, wait_until, worker_env
+from testproject.harness import REPO_ROOT, CeleryWorker, RedisServer, wait_until, worker_env
 
 from .proxy import BlackholeProxy
 
