@@ -311,7 +311,8 @@ def _norm(value: Any) -> Any:
     if isinstance(value, bytes):
         value = value.decode(errors="replace")
     if isinstance(value, str):
-        return _TOKEN.sub("<token>", _MS.sub("<ms>", value))
+        # Tokens first: a hex token can hold a run of 13 digits.
+        return _MS.sub("<ms>", _TOKEN.sub("<token>", value))
     if isinstance(value, float | int) and not isinstance(value, bool) and value > 1e12:
         return "<ms>"
     if isinstance(value, dict):
