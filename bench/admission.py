@@ -33,7 +33,8 @@ ANCHOR = "relier==0.1.7"
 # Both probes print one JSON list of per-call latencies in seconds.
 OURS = """
 import asyncio, json, sys, time
-from relier_django.core import admission, pipelined
+from relier_django.core.push import admission
+from relier_django.core.store import pipelined
 from relier_django.core.model.config import Config
 from relier_django.core.store.keys import KeySpace
 from relier_django.core.model.rates import Rate
@@ -62,7 +63,7 @@ asyncio.run(main())
 OURS_REDISPY = """
 import asyncio, json, sys, time
 import redis.asyncio
-from relier_django.core import admission
+from relier_django.core.push import admission
 from relier_django.core.store.keys import KeySpace
 from relier_django.core.model.rates import Rate
 
@@ -96,7 +97,7 @@ ANCHOR_NAME = "anchor relier 0.1.7"
 PUSH_PROBE = """
 import asyncio, json, sys, time, uuid
 import redis.asyncio
-from relier_django.core import admission, idempotency
+from relier_django.core.push import admission, idempotency
 from relier_django.core.model.envelope import Envelope
 from relier_django.core.store.keys import KeySpace
 from relier_django.core.model.rates import Rate

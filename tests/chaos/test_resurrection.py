@@ -195,13 +195,13 @@ def test_two_resurrectors_racing_dispatch_each_expired_task_once(redis_client):
 _PUSH_THEN_DIE = """
 import os, signal, django
 django.setup()
-from relier_django.core import broker
+from relier_django.core.broker import publish
 
 def die(app, env, *args, **kwargs):
     print(env.id, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
-broker.send = die
+publish.send = die
 from testproject.demo import tasks
 tasks.record.push("orphan")
 """

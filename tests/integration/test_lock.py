@@ -264,7 +264,7 @@ def test_an_async_holder_learns_of_the_loss_and_async_with_raises(redis_client):
 _PRELUDE = """
 import sys, time
 import redis
-from relier_django.core import config
+from relier_django.core.model import config
 from relier_django.core.extras.lock import lock
 config.override(config.Config(redis_url=sys.argv[1]))
 r = redis.Redis.from_url(sys.argv[1], decode_responses=True)
