@@ -3,6 +3,9 @@
 Public API::
 
     from relier_django import rl_task, TaskContext, Receipt, TaskFailed, lock
+    from relier_django import result, aresult  # a receipt for a task id pushed elsewhere
+
+Celery's result backend over relier's store: ``relier_django.results:RelierBackend``.
 """
 
 from .core.extras.lock import Lock, lock
@@ -16,7 +19,7 @@ from .core.model.errors import (
     TaskFailed,
     TaskLost,
 )
-from .core.store.receipt import DispatchState, NotDispatched, Receipt
+from .core.store.receipt import DispatchState, NotDispatched, Receipt, aresult, result
 from .core.task import RelierTask, rl_task
 from .core.worker.context import TaskContext
 
@@ -35,7 +38,9 @@ __all__ = [
     "TaskContext",
     "TaskFailed",
     "TaskLost",
+    "aresult",
     "lock",
+    "result",
     "rl_task",
 ]
 __version__ = "0.1.0.dev0"

@@ -57,6 +57,11 @@ class DjangoSettings:
     # The queues your workers consume (the union of their -Q options); unset: what
     # Celery's own settings imply. Only relier.W003 reads it.
     worker_queues: tuple[str, ...] | None = None
+    # The Celery result backend (a URL, e.g. "redis://host:6379/1") that
+    # relier_django.results.RelierBackend hands every id relier's store does not know
+    # and every write (your other Celery tasks' results); unset: they are dropped.
+    # It may hold a password: never echoed in an error (repr=False).
+    result_backend_fallback: str | None = dataclasses.field(default=None, repr=False)
 
 
 DJANGO_KEYS: tuple[str, ...] = tuple(f.name.upper() for f in dataclasses.fields(DjangoSettings))

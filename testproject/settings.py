@@ -178,3 +178,14 @@ LOGGING = {
         }
     },
 }
+
+# A Celery beat entry naming an @rl_task, every DEMO_BEAT_EVERY_S seconds (0: none), for
+# tests/integration/test_celery_native.py: beat's own apply_async must push it.
+if env.float("DEMO_BEAT_EVERY_S", default=0):
+    CELERY_BEAT_SCHEDULE = {
+        "demo-beat": {
+            "task": "demo.sync_record",
+            "schedule": env.float("DEMO_BEAT_EVERY_S"),
+            "args": ("beat",),
+        }
+    }

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from celery import Task, shared_task
+from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
 from .model import config
+from .model import options as options_mod
+from .model.errors import TaskFailed
 from .model.idem_key import KeyOption
 from .model.rates import Rate
 from .model.schema import Migration, Schema
@@ -18,14 +22,18 @@ from .push.producer import PushWith
 from .store import bridge
 from .store.receipt import Receipt
 from .worker import signals
+from .worker.context import TaskContext
+from .worker.ending import Ended, Ending
 from .worker.runner import Runner
 
 
 class RelierTask(Task):
     """The Celery task class behind every ``@rl_task``.
 
-    Celery's own ``delay()`` and ``apply_async()`` would send the bare arguments and
-    bypass the envelope, the fence and the stored copy; they raise and name ``push()``.
+    Celery's calls keep their meaning: ``delay()`` and ``apply_async()`` push (an
+    envelope, stored and fenced, never the bare arguments), ``task(...)``, ``run()`` and
+    ``apply()`` run the body in this process, and ``s()``/``si()`` build signatures whose
+    ``apply_async`` pushes. What relier cannot honour yet raises and says so.
     """
 
     relier_spec: TaskSpec
@@ -82,22 +90,53 @@ class RelierTask(Task):
         """
         return PushWith(self.relier_spec, self.app, on_commit=on_commit, using=using)
 
-    def delay(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(
-            f"{self.name} is an @rl_task: use {self.name.rsplit('.', 1)[-1]}.push(...) "
-            "(or await .apush(...)); .delay() would bypass the envelope and its guarantees"
+    def delay(self, *args: Any, **kwargs: Any) -> Receipt:
+        """Celery's name for :meth:`push`, with the same guarantees."""
+        return self.push(*args, **kwargs)
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Receipt:
+        """Celery's ``apply_async``: a :meth:`push` with ``task_id=`` and ``queue=``.
+
+        Options relier cannot honour yet (``countdown``, ``eta``, ``expires``,
+        ``link`` and canvas, ``priority``, custom ``headers``) raise ``TypeError``
+        naming the difference; a few that cannot matter here (``producer``, ``retry``,
+        ``retry_policy``, ``ignore_result``, beat's header) are accepted. So a beat
+        entry naming this task pushes it.
+        """
+        chosen = options_mod.call_options(options)
+        return producer.push(
+            self.relier_spec, self.app, tuple(args or ()), dict(kwargs or {}), **chosen
         )
 
-    def apply_async(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(
-            f"{self.name} is an @rl_task: use {self.name.rsplit('.', 1)[-1]}.push(...) "
-            "(or await .apush(...)); .apply_async() would bypass the envelope and its guarantees"
-        )
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # In a worker, Celery's tracer calls the task with the message's arguments (one
+        # envelope); called from code, or by apply(), it is the body, run here.
+        request = self.request
+        if request.called_directly:
+            return super().__call__(*args, **kwargs)
+        if request.is_eager:
+            return self.run(*args, **kwargs)
+        return _entry(self, *args, **kwargs)
 
 
-def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> None:
+def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:
     """The Celery task body, in the worker process: an ``async def`` task runs on the
-    bridge loop, a plain ``def`` one in this (Celery's pool) thread."""
+    bridge loop, a plain ``def`` one in this (Celery's pool) thread.
+
+    It ends the way relier settled the message, so Celery's state, signals, events and
+    error trackers tell the truth: the committed result (SUCCESS, ``task_success``);
+    the task's own exception, else ``TaskFailed``, once it is dead-lettered (FAILURE,
+    ``task_failure``); ``Retry`` once the next incarnation is stored and sent by relier
+    (RETRY, ``task_retry``; Celery publishes nothing for a raised ``Retry``); ``Ignore``
+    for a copy that was not this worker's to run or finish, a stale or duplicate one
+    (IGNORED: no result, no signal). Celery acknowledges the message for each of them,
+    ``acks_late`` included, and never requeues it: relier already settled it.
+    """
     runner = Runner(
         self.relier_spec,
         self.app,
@@ -107,16 +146,38 @@ def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> None:
     )
     if len(args) == 1 and not kwargs:
         if self.relier_spec.is_async:
-            bridge.run(runner.run(args[0]))
+            ended = _wait(runner, bridge.spawn(runner.run(args[0])))
         else:  # in this thread: no hop to the loop and on to another thread
-            runner.run_blocking(args[0])
-        return
-    # Not sent by push(): keep what arrived rather than running it or dropping it.
-    detail = (
-        f"{self.name} received {len(args)} positional and {len(kwargs)} keyword arguments; "
-        "@rl_task messages carry exactly one envelope (was it sent with send_task()?)"
-    )
-    bridge.run(runner.reject_malformed(detail, raw=repr({"args": args, "kwargs": kwargs})))
+            ended = runner.run_blocking(args[0])
+    else:
+        # Not sent by push(): keep what arrived rather than running it or dropping it.
+        detail = (
+            f"{self.name} received {len(args)} positional and {len(kwargs)} keyword "
+            "arguments; @rl_task messages carry exactly one envelope (was it sent with "
+            "send_task()?)"
+        )
+        raw = repr({"args": args, "kwargs": kwargs})
+        ended = bridge.run(runner.reject_malformed(detail, raw=raw))
+    if ended.how is Ending.COMMITTED:
+        return ended.result
+    if ended.how is Ending.RETRIED:
+        raise Retry(exc=ended.error or ended.detail, when=ended.delay_s)
+    if ended.how is Ending.DEAD:
+        if ended.error is not None:
+            raise ended.error  # its own traceback, for Celery's log and error trackers
+        raise TaskFailed(ended.task_id or self.request.id, ended.reason or "", ended.detail)
+    raise Ignore(ended.detail)
+
+
+def _wait(runner: Runner, running: concurrent.futures.Future[Ended]) -> Ended:
+    """The ending of an ``async def`` incarnation on the bridge loop. A soft time limit
+    Celery raises in this thread while it waits (a worker-wide ``--soft-time-limit``)
+    stops the incarnation, which ends as a ``def`` task that let it escape would."""
+    try:
+        return running.result()
+    except SoftTimeLimitExceeded as exc:
+        runner.interrupt(exc)
+        return running.result()
 
 
 def rl_task(
@@ -136,9 +197,12 @@ def rl_task(
     soft_timeout: float | None = None,
     hard_timeout: float | None = None,
     on_soft_timeout: Callable[..., Any] | None = None,
-    rate_limit: str | None = None,
+    admission_limit: str | None = None,
     version: int = 1,
     migrations: Mapping[int, Migration] | None = None,
+    bind: bool = False,
+    rate_limit: str | None = None,
+    **celery_options: Any,
 ) -> Any:
     """Declare a task that cannot be lost. Works on ``async def`` and plain ``def``.
 
@@ -160,18 +224,24 @@ def rl_task(
         max_retries: retries before the DLQ with reason ``retries_exhausted``.
         retry_backoff: base delay in seconds (exponential, with jitter).
         retry_backoff_max: cap on one delay, seconds.
-        soft_timeout: seconds after an incarnation starts when ``on_soft_timeout(ctx)``
-            runs (sync or async), while the task keeps running. ``async def`` only.
-        hard_timeout: seconds after an incarnation starts when the task is cancelled
-            (``CancelledError`` at its next ``await``; its ``finally`` blocks run) and
-            goes to the DLQ with reason ``hard_timeout`` and its latest checkpoint.
-            ``async def`` only. Each incarnation gets the full time again.
-        on_soft_timeout: the soft-timeout hook, e.g. to save a checkpoint.
-        rate_limit: admission control for pushes of this task, e.g. ``"100/s"`` (a
-            fixed window): over it, ``push()`` raises ``AdmissionRejected`` with
+        soft_timeout: seconds after an incarnation starts when, for an ``async def``
+            task, ``on_soft_timeout(ctx)`` runs (sync or async) while the task keeps
+            running; for a plain ``def`` task, Celery's soft time limit raises
+            ``SoftTimeLimitExceeded`` inside it (prefork pool). Celery's name:
+            ``soft_time_limit``.
+        hard_timeout: seconds after an incarnation starts when the task is stopped and
+            goes to the DLQ with reason ``hard_timeout`` and its latest checkpoint: an
+            ``async def`` task is cancelled (``CancelledError`` at its next ``await``;
+            its ``finally`` blocks run), a plain ``def`` one is killed with its pool
+            process by Celery's hard time limit (prefork pool). Each incarnation gets
+            the full time again. Celery's name: ``time_limit``.
+        on_soft_timeout: the soft-timeout hook of an ``async def`` task, e.g. to save a
+            checkpoint.
+        admission_limit: admission control for pushes of this task, e.g. ``"100/s"``
+            (a fixed window): over it, ``push()`` raises ``AdmissionRejected`` with
             ``retry_after_s`` and nothing is stored or sent. The setting
-            ``ADMISSION_TASK_LIMITS`` wins over it. Unlike Celery's own ``rate_limit``
-            (which slows execution on each worker), this refuses work at the door.
+            ``ADMISSION_TASK_LIMITS`` wins over it. Not Celery's ``rate_limit`` (which
+            slows execution on each worker): ``rate_limit=`` is its deprecated name here.
         version: the schema version of the task's arguments, carried by every push.
             Bump it when the signature changes in a way old pushes do not fit.
         migrations: ``{from_version: fn(args, kwargs) -> (args, kwargs)}``, one step
@@ -179,15 +249,30 @@ def rl_task(
             memory before running an older push; the stored envelope keeps its
             version. A push from a newer version, or one with no path, goes to the
             DLQ with reason ``schema_migration``. See docs/rolling-deploys.md.
+        bind: Celery's ``bind=True``: the first parameter, whatever its name, receives
+            the incarnation's ``TaskContext`` (``self.request.id`` is ``ctx.task_id``).
+        celery_options: Celery's names for the options above (``autoretry_for``,
+            ``soft_time_limit``, ``time_limit``, ``retry_backoff=True``), and Celery
+            options with nothing to do here (``acks_late``, ``ignore_result``, ...);
+            see docs/from-celery.md.
 
     Raises:
-        ValueError: timeouts on a plain ``def`` task, ``soft_timeout >= hard_timeout``,
+        ValueError: ``on_soft_timeout`` on a plain ``def`` task, ``soft_timeout >= hard_timeout``,
             a non-positive timeout, ``on_soft_timeout`` without ``soft_timeout``, a
             ``rate_limit`` that is not a rate, a ``version`` below 1, or
             ``migrations`` keys outside ``1..version-1`` or with a hole.
         TypeError: a ``version`` that is not an int, or a migration that is not
             callable.
     """
+    ours: dict[str, Any] = {"soft_timeout": soft_timeout, "hard_timeout": hard_timeout,
+                            "retry_on": retry_on, "retry_backoff": retry_backoff}  # fmt: skip
+    for option, value in options_mod.translate(celery_options, _OWN_OPTIONS).items():
+        if ours[option] not in (None, ()):
+            raise TypeError(f"@rl_task got {option}= under two names (Celery's and relier's)")
+        ours[option] = tuple(value) if option == "retry_on" else value
+    soft_timeout, hard_timeout = ours["soft_timeout"], ours["hard_timeout"]
+    retry_on, retry_backoff = ours["retry_on"], ours["retry_backoff"]
+    rate = options_mod.admission_rate(admission_limit, rate_limit)
     if idempotency_key is not None and not idempotent:
         raise ValueError("idempotency_key= only makes sense with idempotent=True")
     if not isinstance(retry_on, tuple) or not all(
@@ -196,19 +281,19 @@ def rl_task(
         raise TypeError("retry_on must be a tuple of exception classes, e.g. (TimeoutError,)")
 
     _check_timeouts(soft_timeout, hard_timeout, on_soft_timeout)
-    own_rate = Rate.parse(rate_limit) if rate_limit is not None else None
+    own_rate = Rate.parse(rate) if rate is not None else None
     schema = Schema(version, migrations or {})
 
     def decorate(func: Callable[..., Any]) -> RelierTask:
         if not callable(func):
             raise TypeError(f"@rl_task decorates a function, not {func!r}")
         task_name = name or f"{func.__module__}.{func.__qualname__}"
-        if (soft_timeout or hard_timeout) and not inspect.iscoroutinefunction(func):
+        is_async = inspect.iscoroutinefunction(func)
+        if on_soft_timeout is not None and not is_async:
             raise ValueError(
-                f"{task_name}: soft_timeout/hard_timeout need an `async def` task. A plain "
-                "def runs in a thread, which cannot be cancelled safely; make it `async def` "
-                "(run blocking parts with `await asyncio.to_thread(...)`), or check your own "
-                "deadline and call ctx.ensure_current() in its loop"
+                f"{task_name}: on_soft_timeout= needs an `async def` task. In a plain def "
+                "task, Celery's soft time limit raises SoftTimeLimitExceeded inside it at "
+                "soft_timeout: catch it there to save a checkpoint"
             )
         spec = TaskSpec(
             name=task_name, fn=func, queue=queue, idempotent=idempotent,
@@ -216,12 +301,16 @@ def rl_task(
             max_resurrections=max_resurrections, retry_on=retry_on, max_retries=max_retries,
             retry_backoff_s=retry_backoff, retry_backoff_max_s=retry_backoff_max,
             soft_timeout_s=soft_timeout, hard_timeout_s=hard_timeout,
-            on_soft_timeout=on_soft_timeout, rate_limit=own_rate, schema=schema,
+            on_soft_timeout=on_soft_timeout, admission_limit=own_rate, schema=schema,
+            bind=bind,
         )  # fmt: skip
         signals.connect()
         body = _make_body(func)
+        # A def task's limits are Celery's own (prefork): soft raises inside the task,
+        # hard kills the pool process; worker.signals dead-letters it (hard_timeout).
+        limits = {} if is_async else {"soft_time_limit": soft_timeout, "time_limit": hard_timeout}
         return shared_task(  # type: ignore[no-any-return]
-            name=task_name, bind=True, base=RelierTask, relier_spec=spec
+            name=task_name, bind=True, base=RelierTask, relier_spec=spec, **limits
         )(body)
 
     if fn is not None:
@@ -246,13 +335,24 @@ def _check_timeouts(
         raise TypeError(f"on_soft_timeout must be callable, got {hook!r}")
 
 
-def _make_body(func: Callable[..., Any]) -> Callable[..., None]:
-    # Celery names the generated class and reads the docstring from the body function.
-    def body(self: RelierTask, *args: Any, **kwargs: Any) -> None:
-        _entry(self, *args, **kwargs)
+def _make_body(func: Callable[..., Any]) -> Callable[..., Any]:
+    # Celery's run(): the task's own function, in this process, with a context of its
+    # own when it takes one. Celery names the generated class after it and reads its
+    # docstring.
+    def body(self: RelierTask, *args: Any, **kwargs: Any) -> Any:
+        spec = self.relier_spec
+        if spec.wants_context:
+            # apply() and eager runs carry an id and a retry count in the request.
+            request = self.request
+            ctx = TaskContext.inline(spec.name, request.id, (request.retries or 0) + 1)
+            return func(ctx, *args, **kwargs)
+        return func(*args, **kwargs)
 
     body.__name__ = func.__name__
     body.__qualname__ = func.__qualname__
     body.__module__ = func.__module__
     body.__doc__ = func.__doc__
     return body
+
+
+_OWN_OPTIONS = tuple(p for p in inspect.signature(rl_task).parameters if p != "celery_options")

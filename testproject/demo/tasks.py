@@ -235,7 +235,7 @@ async def checkpoint_bytes(ctx: TaskContext, size: int, saves: int = 1) -> dict:
     return {"bytes": len(ctx.get_partial()), "files": files}
 
 
-@rl_task(name="demo.limited", rate_limit="3/m")
+@rl_task(name="demo.limited", admission_limit="3/m")
 def limited(label: str) -> str:
     """Admission-controlled: at most 3 pushes a minute are accepted."""
     _record(label)
@@ -286,7 +286,7 @@ def count_users(label: str, username: str, using: str = "default") -> int:
     return seen
 
 
-@rl_task(name="demo.per_second", rate_limit="2/s")
+@rl_task(name="demo.per_second", admission_limit="2/s")
 def per_second(label: str) -> str:
     """Admission-controlled per second: a refusal's Retry-After is under a second."""
     _record(label)
@@ -409,3 +409,124 @@ async def chaos_slow(ctx: TaskContext, label: str, journal: str, steps: int, ste
         await asyncio.sleep(step_s)
     _journal(journal, "end", ctx, label)
     return {"label": label, "fence": ctx.fence_token}
+
+
+@rl_task(name="demo.def_hangs", soft_timeout=0.5, hard_timeout=1.5)
+def def_hangs(ctx: TaskContext, label: str, hang_s: float) -> dict:
+    """A plain ``def`` task past its time limits: catches Celery's soft limit to save a
+    checkpoint, then hangs on until the hard limit kills its pool process."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    _record(label, ctx)
+    ctx.set_partial({"label": label, "soft": False})
+    try:
+        time.sleep(hang_s)
+    except SoftTimeLimitExceeded:
+        ctx.set_partial({"label": label, "soft": True})
+        time.sleep(hang_s)
+    return {"label": label}
+
+
+@rl_task(name="demo.def_soft_escape", soft_timeout=0.5, hard_timeout=10)
+def def_soft_escape(ctx: TaskContext, label: str, hang_s: float) -> dict:
+    """A plain ``def`` task that lets Celery's soft time limit escape."""
+    _record(label, ctx)
+    ctx.set_partial({"label": label})
+    time.sleep(hang_s)
+    return {"label": label}
+
+
+def _soft_limit() -> type[BaseException]:
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    return SoftTimeLimitExceeded
+
+
+@rl_task(
+    name="demo.def_soft_retried", soft_time_limit=0.5, time_limit=10,
+    autoretry_for=(_soft_limit(),), max_retries=1, retry_backoff=0.05,
+)  # fmt: skip
+def def_soft_retried(ctx: TaskContext, label: str, hang_s: float) -> dict:
+    """The same, with the soft limit in ``retry_on`` (Celery's names): retried."""
+    _record(label, ctx)
+    time.sleep(hang_s)
+    return {"label": label}
+
+
+# Eager mode and captured pushes (relier_django.testing): these two record their runs
+# in this process, not in Redis, so a test can prove the session's Redis stays empty.
+EAGER_RUNS: dict[str, list[dict]] = {}
+
+
+@rl_task(name="demo.in_memory", idempotent=True, retry_on=(TimeoutError,), max_retries=2)
+def in_memory(ctx: TaskContext, label: str, failures: int = 0, error: str = "") -> dict:
+    """Raises TimeoutError on its first ``failures`` runs (retried), ValueError(error)
+    when ``error`` is given (not retried), else returns what it saw."""
+    runs = EAGER_RUNS.setdefault(label, [])
+    runs.append({"task_id": ctx.task_id, "partial": ctx.get_partial()})
+    ctx.set_partial(len(runs))
+    if error:
+        raise ValueError(error)
+    if len(runs) <= failures:
+        raise TimeoutError(f"run {len(runs)} of {label} timed out")
+    return {"label": label, "runs": len(runs), "task_id": ctx.task_id}
+
+
+@rl_task(name="demo.ain_memory")
+async def ain_memory(ctx: TaskContext, label: str, then: str = "") -> dict:
+    """An ``async def`` twin; pushes ``in_memory(then)`` when ``then`` is given."""
+    await asyncio.sleep(0)
+    EAGER_RUNS.setdefault(label, []).append({"task_id": ctx.task_id})
+    if then:
+        await in_memory.apush(then)
+    return {"label": label, "loop": type(asyncio.get_running_loop()).__name__}
+
+
+# Celery's view of relier's tasks (issue 20): with DEMO_RECORD_CELERY_SIGNALS=1 in a
+# worker's environment, what Celery's signals say of each task is appended, as JSON, to
+# ``demo:celery:<task_id>``, so a test process can read what the worker's Celery saw.
+class DemoError(Exception):
+    """An exception of the project's own, so a test can see its type come through."""
+
+
+@rl_task(name="demo.afails")
+async def afails(label: str) -> None:
+    """An ``async def`` task that always raises ``DemoError``: dead-lettered at once."""
+    _record(label)
+    raise DemoError(f"{label} failed")
+
+
+def _celery_seen(task_id: str | None, **seen: Any) -> None:
+    if task_id and os.environ.get("DEMO_RECORD_CELERY_SIGNALS"):
+        _redis().rpush(f"demo:celery:{task_id}", json.dumps(seen, default=repr))
+
+
+@signals.task_success.connect(dispatch_uid="demo.seen_success", weak=False)
+def _seen_success(sender: Any = None, result: Any = None, **_: Any) -> None:
+    _celery_seen(sender.request.id, signal="success", result=result)
+
+
+@signals.task_failure.connect(dispatch_uid="demo.seen_failure", weak=False)
+def _seen_failure(
+    task_id: str | None = None, exception: Any = None, traceback: Any = None, **_: Any
+) -> None:
+    _celery_seen(
+        task_id, signal="failure", type=type(exception).__name__,
+        module=type(exception).__module__, message=str(exception),
+        reason=getattr(exception, "reason", None), error=getattr(exception, "error", None),
+        has_traceback=traceback is not None,
+    )  # fmt: skip
+
+
+@signals.task_retry.connect(dispatch_uid="demo.seen_retry", weak=False)
+def _seen_retry(request: Any = None, reason: Any = None, **_: Any) -> None:
+    exc = getattr(reason, "exc", None)
+    _celery_seen(
+        getattr(request, "id", None), signal="retry", type=type(exc).__name__,
+        when=getattr(reason, "when", None),
+    )  # fmt: skip
+
+
+@signals.task_postrun.connect(dispatch_uid="demo.seen_postrun", weak=False)
+def _seen_postrun(task_id: str | None = None, state: str | None = None, **_: Any) -> None:
+    _celery_seen(task_id, signal="postrun", state=state)

@@ -133,7 +133,7 @@ def test_malformed_limits_are_configuration_errors():
     with pytest.raises(ConfigError, match=r"is not 'task\.name=RATE'"):
         Config(admission_task_limits=("shop.charge 100/s",))
     with pytest.raises(ValueError, match='a rate looks like "5/m"'):
-        rl_task(name="t.bad_rate", rate_limit="fast")
+        rl_task(name="t.bad_rate", admission_limit="fast")
 
 
 def test_a_replayed_push_is_not_counted_twice(limits):

@@ -51,13 +51,6 @@ def test_push_inside_a_running_loop_names_apush(redis_client):
     assert redis_client.dbsize() == 0  # nothing stored
 
 
-def test_celery_delay_and_apply_async_refuse_and_name_push():
-    with pytest.raises(TypeError, match=r"record\.push"):
-        tasks.record.delay("x")
-    with pytest.raises(TypeError, match=r"record\.push"):
-        tasks.record.apply_async(("x",))
-
-
 def test_the_published_message_shows_the_arguments_not_the_envelope_twice(redis_client):
     import base64
 

@@ -34,7 +34,7 @@ def test_each_script_is_called_from_its_owner_only():
         {f"django:{p.name}": p.read_text() for p in PACKAGE.rglob("*.py") if "core" not in p.parts}
     )
     for script, owner in scripts.OWNERS.items():
-        word = re.compile(rf"\b{_constant(script)}\b")
+        word = re.compile(rf"\bscripts\.{_constant(script)}\b")
         callers = {m for m, text in sources.items() if word.search(text)} - {"store.scripts"}
         assert callers == {owner}, f"{script.name}.lua: called from {sorted(callers)}"
 

@@ -7,10 +7,19 @@ import pytest
 from relier_django import rl_task
 
 
-def test_timeouts_on_a_plain_def_task_are_refused_with_the_way_out():
-    with pytest.raises(ValueError, match=r"need an `async def` task.*asyncio.to_thread"):
+def test_a_plain_def_task_gets_its_timeouts_as_celerys_own_time_limits():
+    @rl_task(name="t.plain_timeout", soft_timeout=3, hard_timeout=5)
+    def plain() -> None: ...
 
-        @rl_task(name="t.plain_timeout", hard_timeout=5)
+    assert (plain.soft_time_limit, plain.time_limit) == (3, 5)
+
+
+def test_a_soft_hook_on_a_plain_def_task_is_refused_with_the_way_out():
+    def hook(ctx: object) -> None: ...
+
+    with pytest.raises(ValueError, match=r"on_soft_timeout= needs an `async def` task.*catch it"):
+
+        @rl_task(name="t.plain_hook", soft_timeout=3, hard_timeout=5, on_soft_timeout=hook)
         def plain() -> None: ...
 
 

@@ -70,7 +70,7 @@ class Config:
     trusted_proxies: tuple[str, ...] = ()
     ratelimit_fail_open: bool = True
     # Admission control on push: a rate for all pushes together ("1000/s"), and rates
-    # per task name ("shop.charge=100/s"), which win over @rl_task(rate_limit=...).
+    # per task name ("shop.charge=100/s"), which win over @rl_task(admission_limit=...).
     admission_limit: str | None = None
     admission_task_limits: tuple[str, ...] = ()
     # HMAC-SHA256 envelope signing: the first key signs, every key verifies, so keys
@@ -78,6 +78,9 @@ class Config:
     signing_keys: tuple[str, ...] = dataclasses.field(default=(), repr=False)
     # Only while rolling signing out: accept envelopes that carry no signature at all.
     signing_accept_unsigned: bool = False
+    # Tests: push() runs the task in this process and never touches Redis or the
+    # broker, as Celery's task_always_eager (which turns it on too); docs/testing.md.
+    eager: bool = False
 
     def __post_init__(self) -> None:
         if self.heartbeat_ttl_s <= 0:

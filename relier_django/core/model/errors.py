@@ -38,6 +38,11 @@ class TaskFailed(RelierError):
         self.reason = reason
         self.error = error
 
+    def __reduce__(self) -> tuple[type[TaskFailed], tuple[str, str, str | None]]:
+        # Celery pickles a task's exception from the pool process to the worker and
+        # to task_failure handlers; without this it would arrive as a bare RelierError.
+        return type(self), (self.task_id, self.reason, self.error)
+
 
 class EntryNotReleasable(RelierError):
     """A DLQ entry cannot be released: unknown id, already released, no envelope

@@ -27,12 +27,13 @@ class TaskSpec:
     max_retries: int | None = None
     retry_backoff_s: float | None = None
     retry_backoff_max_s: float | None = None
-    soft_timeout_s: float | None = None  # async def only: on_soft_timeout runs then
-    hard_timeout_s: float | None = None  # async def only: cancelled, then the DLQ
+    soft_timeout_s: float | None = None  # async: on_soft_timeout runs; def: Celery's soft limit
+    hard_timeout_s: float | None = None  # async: cancelled; def: killed; then the DLQ
     on_soft_timeout: Callable[..., Any] | None = None  # called with the TaskContext
-    rate_limit: Rate | None = None  # push admission for this task (settings win)
+    admission_limit: Rate | None = None  # push admission for this task (settings win)
     # The arguments' schema version and the migrations from older ones (@rl_task(version=)).
     schema: Schema = field(default_factory=Schema)
+    bind: bool = False  # Celery's bind=True: the first parameter gets the context
 
     # Worked out once at decoration: inspect.signature costs tens of microseconds, and
     # every push and every run needs it.
@@ -43,7 +44,7 @@ class TaskSpec:
     def __post_init__(self) -> None:
         sig = inspect.signature(self.fn)
         params = list(sig.parameters.values())
-        wants = bool(params) and _is_context(params[0])
+        wants = bool(params) and (self.bind or _is_context(params[0]))
         object.__setattr__(self, "_is_async", inspect.iscoroutinefunction(self.fn))
         object.__setattr__(self, "_wants_context", wants)
         user = sig.replace(parameters=params[1:] if wants else params)
@@ -55,7 +56,8 @@ class TaskSpec:
 
     @property
     def wants_context(self) -> bool:
-        """True when the first parameter is named ``ctx`` or annotated ``TaskContext``."""
+        """True when the first parameter is named ``ctx`` or annotated ``TaskContext``,
+        or the task was declared with ``bind=True``."""
         return self._wants_context
 
     def user_signature(self) -> inspect.Signature:

@@ -2,7 +2,7 @@
 
 A push is admitted only if every counter that applies has room: the global one
 (``admission_limit``) and its task's (``admission_task_limits``, else
-``@rl_task(rate_limit=...)``). The check and the count run inside ``push.lua`` itself,
+``@rl_task(admission_limit=...)``). The check and the count run inside ``push.lua`` itself,
 so an admitted push costs no extra round trip and a refused one stores, sends and
 counts nothing. ``admit.lua`` runs the same check alone, for callers that want to
 know before they start work: ``check`` on any client, ``acheck`` on the event loop's
@@ -40,7 +40,7 @@ def limits(
     keys: KeySpace, config: Config, task_name: str, own_rate: Rate | None
 ) -> tuple[Limit, ...]:
     """The counters a push of ``task_name`` must pass, global first. ``own_rate`` is
-    the task's ``@rl_task(rate_limit=...)``; a setting for that task wins over it."""
+    the task's ``@rl_task(admission_limit=...)``; a setting for that task wins over it."""
     found: list[Limit] = []
     if config.admission_limit is not None:
         found.append(Limit(keys.admission_all, rates.parse(config.admission_limit)))

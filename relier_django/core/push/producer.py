@@ -34,7 +34,7 @@ from ..store.connection import async_client, sync_client
 from ..store.keys import KeySpace
 from ..store.receipt import Receipt
 from ..store.scripts import ScriptCall
-from . import admission, aftercommit, idempotency
+from . import admission, aftercommit, eager, idempotency
 
 logger = logging.getLogger("relier_django.producer")
 
@@ -57,7 +57,11 @@ def set_transaction_hook(hook: TransactionHook | None) -> None:
 
 
 def prepare(
-    spec: TaskSpec, args: Sequence[Any], kwargs: Mapping[str, Any], task_id: str | None = None
+    spec: TaskSpec,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    task_id: str | None = None,
+    queue: str | None = None,
 ) -> Envelope:
     """Validate the call and build its first envelope (fence 1). Raises ``TypeError``
     for arguments that do not fit the signature or are not JSON-serialisable."""
@@ -68,7 +72,7 @@ def prepare(
         task=spec.name,
         args=tuple(args),
         kwargs=dict(kwargs),
-        queue=spec.queue or "",
+        queue=queue or spec.queue or "",
         idem_key=idem,
         created_ms=int(time.time() * 1000),
         schema_version=spec.schema.version,
@@ -90,17 +94,22 @@ class _Push:
 
     @classmethod
     def begin(
-        cls, spec: TaskSpec, args: Sequence[Any], kwargs: Mapping[str, Any], task_id: str | None
+        cls,
+        spec: TaskSpec,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        task_id: str | None,
+        queue: str | None = None,
     ) -> _Push:
         cfg = config.current()
-        env = prepare(spec, args, kwargs, task_id)
+        env = prepare(spec, args, kwargs, task_id, queue)
         return cls(cfg, spec, env, env.encode(cfg.signer), KeySpace(cfg.key_prefix))
 
     def store(self, message: tuple[str, str] | None) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
         limit = self.spec.max_resurrections
         limit = self.cfg.max_resurrections if limit is None else limit
-        gates = admission.limits(self.keys, self.cfg, self.spec.name, self.spec.rate_limit)
+        gates = admission.limits(self.keys, self.cfg, self.spec.name, self.spec.admission_limit)
         return idempotency.store(
             self.keys, self.env, self.encoded, grace_ms, limit, gates, message, token=self.token
         )
@@ -119,7 +128,8 @@ class _Push:
         if stored.id_finished:
             raise DuplicateTaskId(
                 f"task id {self.env.id!r} has already run to an outcome, which is kept for "
-                "RESULT_TTL_S; read it with Receipt(task_id).get(), or push with another id"
+                "RESULT_TTL_S; read it with relier_django.result(task_id).get(), or push with "
+                "another id"
             )
         if stored.id_in_dlq:
             raise DuplicateTaskId(
@@ -196,6 +206,7 @@ def push(
     kwargs: Mapping[str, Any],
     *,
     task_id: str | None = None,
+    queue: str | None = None,
     on_commit: bool = True,
     using: str | None = None,
 ) -> Receipt:
@@ -206,7 +217,11 @@ def push(
             f"block; use `await {spec.name.rsplit('.', 1)[-1]}.apush(...)` instead"
         )
     # Validation comes first, inside the caller's transaction: bad input raises now.
-    p = _Push.begin(spec, args, kwargs, task_id)
+    p = _Push.begin(spec, args, kwargs, task_id, queue)
+    # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).
+    hook = _transaction_hook if on_commit else None
+    if (diverted := eager.divert(spec, app, p.env, p.cfg, hook, using)) is not None:
+        return diverted
     if on_commit and (deferred := p.defer(app, using)) is not None:
         return deferred
     return p.send_now(app, sync_client(p.cfg))
@@ -219,6 +234,7 @@ async def apush(
     kwargs: Mapping[str, Any],
     *,
     task_id: str | None = None,
+    queue: str | None = None,
     on_commit: bool = True,
     using: str | None = None,
 ) -> Receipt:
@@ -232,7 +248,10 @@ async def apush(
     ``asyncio.run``) is not the coroutine's, and ``push()`` in that sync code is the
     call that waits for it.
     """
-    p = _Push.begin(spec, args, kwargs, task_id)
+    p = _Push.begin(spec, args, kwargs, task_id, queue)
+    hook = _transaction_hook if on_commit else None
+    if (diverted := await eager.adivert(spec, app, p.env, p.cfg, hook, using)) is not None:
+        return diverted
     if on_commit and (deferred := p.defer(app, using)) is not None:
         return deferred
     return await p.asend_now(app, async_client(p.cfg))

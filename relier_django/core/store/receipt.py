@@ -4,19 +4,28 @@ and a way to wait for the outcome.
 A push made inside a database transaction is deferred to its commit, so its receipt
 starts ``pending`` and is settled, once, by the post-commit delivery
 (``aftercommit.deliver``). Everything else about a receipt is fixed when it is made.
+
+``read_status``/``aread_status`` name where a task stands the way Celery names it
+(PENDING, STARTED, RETRY, SUCCESS, FAILURE), from the store, in one round trip: a
+receipt's ``status`` and the Celery result backend (``relier_django.results``) share it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, cast
 
+from celery import states
+
+from ..model import config as config_mod
 from ..model import outcome
 from ..model.config import Config
-from ..model.errors import RelierError
+from ..model.errors import RelierError, TaskFailed
 from . import bridge
 from .connection import async_client, sync_client
 from .keys import KeySpace
@@ -109,6 +118,32 @@ class Receipt:
     @property
     def task_id(self) -> str:
         return self._task_id
+
+    @property
+    def id(self) -> str:
+        """Celery's name for :attr:`task_id` (``AsyncResult.id``)."""
+        return self._task_id
+
+    @property
+    def status(self) -> str:
+        """Where the task stands, as Celery names it (``AsyncResult.status``):
+        ``PENDING`` (queued, or unknown), ``STARTED``, ``RETRY`` (waiting for its next
+        attempt), ``SUCCESS`` or ``FAILURE`` (in the DLQ). Read from the store on each
+        access; for a duplicate, the status of the task holding the key. Not to be
+        confused with :attr:`state`, where the push stands.
+
+        Raises:
+            RuntimeError: read inside a running event loop; use ``await receipt.astatus()``.
+        """
+        if bridge.in_running_loop():
+            raise RuntimeError(
+                "receipt.status would block the running event loop; use await receipt.astatus()"
+            )
+        return read_status(self._config, self.duplicate_of or self._task_id).state
+
+    async def astatus(self) -> str:
+        """Async twin of :attr:`status`."""
+        return (await aread_status(self._config, self.duplicate_of or self._task_id)).state
 
     @property
     def config(self) -> Config:
@@ -213,3 +248,101 @@ class Receipt:
                 raise TimeoutError(f"task {self._task_id}: no outcome within {timeout}s")
             await asyncio.sleep(pause)
             pause = min(pause * 2, _MAX_POLL_S)
+
+
+def result(task_id: str) -> Receipt:
+    """A receipt for a task pushed elsewhere (another process, an earlier request):
+    ``relier_django.result(task_id).get(timeout=30)``.
+
+    Its ``get()``/``aget()`` wait for the outcome and ``status`` reads where the task
+    stands, as for the receipt ``push()`` returned. Its ``state`` is ``dispatched``:
+    the push is taken to have happened; an id nobody pushed never gets an outcome
+    (``status`` stays ``PENDING``, ``get()`` times out).
+    """
+    return Receipt(task_id, deduplicated=False, config=config_mod.current())
+
+
+async def aresult(task_id: str) -> Receipt:
+    """Async twin of :func:`result`; the receipt reads the store when awaited
+    (``await (await relier_django.aresult(task_id)).aget(timeout=30)``)."""
+    return result(task_id)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStatus:
+    """Where a task stands, named as Celery names it.
+
+    Attributes:
+        task_id: the task's id.
+        state: a ``celery.states`` name: ``SUCCESS`` (committed), ``FAILURE`` (in the
+            DLQ), ``STARTED`` (an incarnation is running), ``RETRY`` (queued for an
+            attempt after a failed one), ``PENDING`` (queued, or unknown).
+        result: ``SUCCESS``: the committed result; ``FAILURE``: a ``TaskFailed``;
+            ``STARTED``: ``{"hostname": worker, "attempt": n, "fence": n}``; else None.
+        traceback: ``FAILURE``: the failure's traceback from the DLQ entry, if any.
+        known: False when the store holds nothing under this id (never pushed, its
+            result expired, or not a relier task).
+        done_ms: ``FAILURE``: when it was dead-lettered (Redis clock, ms), if known.
+    """
+
+    task_id: str
+    state: str
+    result: Any = None
+    traceback: str | None = None
+    known: bool = True
+    done_ms: int | None = None
+
+
+_TASK_FIELDS = ("state", "attempt", "worker", "fence")
+_ENTRY_FIELDS = ("reason", "error", "entry", "at_ms")
+
+
+def _queue_reads(pipe: Any, keys: KeySpace, task_id: str) -> None:
+    # Three keys under one {task_id} hash tag, read in one round trip. Not atomic:
+    # between two reads a task can only move forward (queued → running → result), and
+    # the result is read first, so a torn read shows an earlier state, never a wrong one.
+    pipe.get(keys.result(task_id))
+    pipe.hmget(keys.task(task_id), *_TASK_FIELDS)
+    pipe.hmget(keys.dlq_entry(task_id), *_ENTRY_FIELDS)
+
+
+def read_status(config: Config, task_id: str) -> TaskStatus:
+    """Where ``task_id`` stands, read from the store in one round trip (sync)."""
+    pipe = sync_client(config).pipeline(transaction=False)
+    _queue_reads(pipe, KeySpace(config.key_prefix), task_id)
+    return _status(task_id, pipe.execute())
+
+
+async def aread_status(config: Config, task_id: str) -> TaskStatus:
+    """Async twin of :func:`read_status`."""
+    pipe = async_client(config).pipeline(transaction=False)
+    _queue_reads(pipe, KeySpace(config.key_prefix), task_id)
+    return _status(task_id, await pipe.execute())
+
+
+def _status(task_id: str, replies: Sequence[Any]) -> TaskStatus:
+    record, (state, attempt, worker, fence), entry = replies
+    if record is not None:
+        try:
+            return TaskStatus(task_id, states.SUCCESS, outcome.read(task_id, record))
+        except TaskFailed as exc:
+            return _failed(exc, entry)
+    if state == "running":
+        started = {"hostname": worker, "attempt": int(attempt or 1), "fence": int(fence or 0)}
+        return TaskStatus(task_id, states.STARTED, started)
+    if state is not None:
+        # queued (or handed off, or leased for a resurrection): waiting for a start.
+        # After a failed attempt that is Celery's RETRY; before any, PENDING.
+        return TaskStatus(task_id, states.RETRY if int(attempt or 1) > 1 else states.PENDING)
+    reason, error = entry[0], entry[1]
+    if reason is not None:  # the result expired; the DLQ entry is kept until released
+        return _failed(TaskFailed(task_id, reason, error or None), entry)
+    return TaskStatus(task_id, states.PENDING, known=False)
+
+
+def _failed(exc: TaskFailed, entry: Sequence[Any]) -> TaskStatus:
+    """FAILURE, with the traceback and time of the DLQ entry's failure when it has one."""
+    _, _, body, at_ms = entry
+    trace = json.loads(body).get("traceback") if body else None
+    done_ms = int(at_ms) if at_ms else None
+    return TaskStatus(exc.task_id, states.FAILURE, exc, traceback=trace, done_ms=done_ms)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import socket
 import threading
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +40,17 @@ class TaskContext:
     _save: Callable[[Any], Awaitable[None]] | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     hard_timed_out: bool = field(default=False, repr=False)
+    _inline: bool = field(default=False, repr=False)  # see inline()
+
+    @classmethod
+    def inline(cls, task_name: str, task_id: str | None = None, attempt: int = 1) -> TaskContext:
+        """A context for the body called in this process (``task(...)``, ``run()``,
+        ``apply()``, eager mode): never superseded, checkpoints kept in memory only."""
+        ctx = cls(
+            task_id or uuid.uuid4().hex, 0, 1, 0, task_name, f"{socket.gethostname()}:{os.getpid()}"
+        )
+        ctx._inline = True
+        return ctx
 
     def get_partial(self, default: Any = None) -> Any:
         """The latest checkpoint of this task, or ``default`` if it has none.
@@ -56,6 +71,9 @@ class TaskContext:
             CheckpointTooLarge: over CHECKPOINT_MAX_BYTES with no CHECKPOINT_DIR.
             TaskLost: this incarnation was superseded.
         """
+        if self._inline:
+            self._partial = _checked(state)
+            return
         if self._save is None:
             raise RuntimeError("this TaskContext is not attached to a running incarnation")
         await self._save(state)
@@ -63,6 +81,9 @@ class TaskContext:
 
     def set_partial(self, state: Any) -> None:
         """The same as ``aset_partial``, for plain ``def`` tasks (off the event loop)."""
+        if self._inline:
+            self._partial = _checked(state)
+            return
         loop = self._loop
         if loop is None:
             raise RuntimeError("this TaskContext is not attached to a running incarnation")
@@ -92,3 +113,9 @@ class TaskContext:
 
     def mark_lost(self) -> None:
         self._lost.set()
+
+
+def _checked(state: Any) -> Any:
+    # What a stored checkpoint would refuse, an inline one refuses too.
+    json.dumps(state, allow_nan=False)
+    return state

@@ -9,6 +9,10 @@ classification (``_outcome``: commit, retry, dead-letter or nothing) and the mes
 is decoded once. The runner never imports the producer: a retry re-publishes through
 ``broker`` directly.
 
+``run`` and ``run_blocking`` return how the message ended (``ending.Ended``): the
+Celery task body turns it into Celery's own ending, so Celery reports a task the way
+relier settled it. The runner itself imports nothing of Celery's exceptions.
+
 With signing keys configured, every message is verified on arrival and every envelope
 the runner writes (a retry, a DLQ entry) is signed with the newest key.
 """
@@ -39,6 +43,7 @@ from ..store.keys import KeySpace
 from ..store.scripts import ScriptCall
 from . import fencing, heartbeat, timeouts
 from .context import TaskContext
+from .ending import Ended, Ending
 from .fencing import StartResult
 
 logger = logging.getLogger("relier_django.runner")
@@ -86,17 +91,25 @@ class Runner:
         self.signer = config.signer  # verifies what arrives, signs what is re-published
         ttl_s = spec.result_ttl_s if spec and spec.result_ttl_s is not None else config.result_ttl_s
         self.result_ttl_ms = int(ttl_s * 1000)
+        # The async incarnation in progress, and what interrupted the thread waiting for
+        # it (see interrupt()).
+        self._work: asyncio.Task[Any] | None = None
+        self._interrupted: BaseException | None = None
 
     @property
     def client(self):  # type: ignore[no-untyped-def]
         return async_client(self.config)
 
-    async def run(self, raw: object, expected_task: str | None = None) -> None:
+    async def run(self, raw: object, expected_task: str | None = None) -> Ended:
         """Execute one delivered message. Never raises for task-level failures: every
-        outcome is a commit, a retry, a dead-letter, or a logged refusal."""
-        await self._route(raw, self._decode(raw), expected_task)
+        outcome is a commit, a retry, a dead-letter, or a logged refusal.
 
-    def run_blocking(self, raw: object) -> None:
+        Returns:
+            How the message ended, with the result or the task's own exception.
+        """
+        return await self._route(raw, self._decode(raw), expected_task)
+
+    def run_blocking(self, raw: object) -> Ended:
         """Execute one delivered message of a plain ``def`` task in the calling thread.
 
         The same outcomes as :meth:`run`, which it hands every message it cannot start
@@ -105,9 +118,8 @@ class Runner:
         its commit is refused (G2)."""
         spec, env = self.spec, self._decode(raw)
         if isinstance(env, Envelope) and spec and not spec.is_async and env.task == spec.name:
-            self._blocking_incarnation(spec, env)
-        else:
-            bridge.run(self._route(raw, env))
+            return self._blocking_incarnation(spec, env)
+        return bridge.run(self._route(raw, env))
 
     def _decode(self, raw: object) -> Envelope | EnvelopeError:
         try:
@@ -117,13 +129,12 @@ class Runner:
 
     async def _route(
         self, raw: object, env: Envelope | EnvelopeError, expected_task: str | None = None
-    ) -> None:
+    ) -> Ended:
         """A decoded message to its incarnation, or to the DLQ when it cannot have one."""
         if isinstance(env, EnvelopeError):
             logger.error("undecodable message reason=%s: %s", env.reason, env)
             failure = Failure(Reason(env.reason), "EnvelopeError", str(env), worker=self.worker)
-            await self._dead(None, failure, raw=env.raw)
-            return
+            return await self._dead(None, failure, raw=env.raw)
         if self.spec is None or env.task != (expected_task or self.spec.name):
             failure = Failure(
                 Reason.UNKNOWN_TASK, "NotRegistered",
@@ -131,15 +142,13 @@ class Runner:
             )  # fmt: skip
             # Not started here: only a task still waiting for its start is ours to file
             # (another copy may be running it on a worker that knows it).
-            await self._dead(env, failure, held="queued")
-            return
-        await self._incarnation(self.spec, env)
+            return await self._dead(env, failure, held="queued")
+        return await self._incarnation(self.spec, env)
 
-    def _blocking_incarnation(self, spec: TaskSpec, env: Envelope) -> None:
+    def _blocking_incarnation(self, spec: TaskSpec, env: Envelope) -> Ended:
         started = self._start_call(env).run(sync_client(self.config))
         if not started.started:
-            self._refused(env, started)
-            return
+            return self._refused(env, started)
         ctx = self._context(env, bridge.loop())
         beats = heartbeat.for_loop(bridge.loop(), self.config)
         beats.add(env.id, env.fence, ctx.mark_lost)
@@ -162,15 +171,17 @@ class Runner:
             )
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 checkpoint.remove_files(self.config.checkpoint_dir, env.id)
-        elif action is not None:
-            bridge.run(self._act(spec, env, action))
+            return self._commit_ended(env, done, result)
+        if action is None:
+            return _superseded(env)
+        return bridge.run(self._act(spec, env, action, result, _own(action, error)))
 
     def _start_call(self, env: Envelope) -> ScriptCall[StartResult]:
         ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
         return fencing.start(self.keys, env, self.worker, ttl_ms)
 
-    def _refused(self, env: Envelope, started: StartResult) -> None:
-        # Internal outcome: nothing for a caller to see, but never silent.
+    def _refused(self, env: Envelope, started: StartResult) -> Ended:
+        # A stale or duplicate copy: never silent, and never a failure of the task.
         logger.warning(
             "message refused task_id=%s fence=%s reason=%s current_fence=%s",
             env.id,
@@ -178,6 +189,7 @@ class Runner:
             started.refusal,
             started.current_fence,
         )
+        return Ended(Ending.REFUSED, env.id, detail=f"start refused: {started.refusal}")
 
     def _context(self, env: Envelope, loop: asyncio.AbstractEventLoop) -> TaskContext:
         # The envelope is this incarnation's own checksummed record; the task hash's
@@ -186,11 +198,10 @@ class Runner:
         ctx._loop, ctx._save = loop, self._saver(ctx, env)
         return ctx
 
-    async def _incarnation(self, spec: TaskSpec, env: Envelope) -> None:
+    async def _incarnation(self, spec: TaskSpec, env: Envelope) -> Ended:
         started = await self._start_call(env).arun(self.client)
         if not started.started:
-            self._refused(env, started)
-            return
+            return self._refused(env, started)
         loop = asyncio.get_running_loop()
         ctx = self._context(env, loop)
         beats = heartbeat.for_running_loop(self.config)
@@ -202,14 +213,18 @@ class Runner:
 
         beats.add(env.id, env.fence, lost)
         timers = timeouts.arm(spec, ctx, work)
+        self._work = work
         result: Any = None
         error: BaseException | None = None
         try:
             result = await work
         except asyncio.CancelledError as exc:
-            if not ctx.hard_timed_out and ctx.is_current():
+            if self._interrupted is not None:
+                error = self._interrupted  # Celery's soft limit, meant for this task
+            elif not ctx.hard_timed_out and ctx.is_current():
                 raise  # the worker itself is shutting down
-            error = exc  # a hard timeout, or the incarnation was superseded
+            else:
+                error = exc  # a hard timeout, or the incarnation was superseded
         except (Exception, TaskLost) as exc:
             error = exc
         finally:
@@ -217,9 +232,24 @@ class Runner:
             # that must not read as this incarnation being superseded.
             timers.cancel()
             beats.remove(env.id, env.fence)
+            self._work = None
         action = self._outcome(spec, env, ctx, result, error)
-        if action is not None:
-            await self._act(spec, env, action)
+        if action is None:
+            return _superseded(env)
+        return await self._act(spec, env, action, result, _own(action, error))
+
+    def interrupt(self, error: BaseException) -> None:
+        """From the pool thread waiting for an ``async def`` incarnation: stop it, and
+        let ``error`` decide its ending as if the task had raised it. A worker-wide
+        Celery soft time limit lands in that waiting thread, not in the coroutine; a
+        ``def`` task that let it escape is dead-lettered, and so is this one."""
+
+        def stop() -> None:
+            if self._work is not None and not self._work.done():
+                self._interrupted = error
+                self._work.cancel()
+
+        bridge.loop().call_soon_threadsafe(stop)
 
     def _outcome(
         self, spec: TaskSpec, env: Envelope, ctx: TaskContext, result: Any,
@@ -241,22 +271,35 @@ class Runner:
                 "incarnation cancelled: superseded task_id=%s fence=%s", env.id, env.fence
             )
             return None
+        limit = timeouts.soft_limit_failure(spec, error, self.worker)
+        if limit is not None:
+            # Celery's soft time limit, uncaught: the hard one would stop the next
+            # incarnation too, so no retry unless retry_on names it.
+            return _Dead(limit)
         if isinstance(error, Exception):
             return self._failed(spec, env, error)
         record = self._record(result, env.fence)
         return _Dead(record) if isinstance(record, Failure) else _Commit(record)
 
-    async def _act(self, spec: TaskSpec, env: Envelope, action: _Action) -> None:
+    async def _act(
+        self, spec: TaskSpec, env: Envelope, action: _Action, result: Any, error: Exception | None
+    ) -> Ended:
         if isinstance(action, _Commit):
             done = await fencing.commit(self.keys, env, action.record, self.result_ttl_ms).arun(
                 self.client
             )
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
-        elif isinstance(action, _Retry):
-            await self._retry(spec, env, action.error)
-        else:
-            await self._dead(env, action.failure)
+            return self._commit_ended(env, done, result)
+        if isinstance(action, _Retry):
+            return await self._retry(spec, env, action.error, error)
+        return await self._dead(env, action.failure, error=error)
+
+    @staticmethod
+    def _commit_ended(env: Envelope, done: Transition, result: Any) -> Ended:
+        if not done.accepted:
+            return Ended(Ending.REFUSED, env.id, detail="commit refused: superseded")
+        return Ended(Ending.COMMITTED, env.id, result=result)
 
     def _saver(self, ctx: TaskContext, env: Envelope) -> Callable[[Any], Awaitable[None]]:
         async def save(state: Any) -> None:
@@ -353,7 +396,9 @@ class Runner:
         trace = "".join(traceback.format_exception(exc))
         return _Dead(Failure(reason, type(exc).__name__, str(exc), trace, worker=self.worker))
 
-    async def _retry(self, spec: TaskSpec, env: Envelope, error: str) -> None:
+    async def _retry(
+        self, spec: TaskSpec, env: Envelope, error: str, exc: Exception | None
+    ) -> Ended:
         delay_s = backoff_s(
             env.attempt,
             spec.retry_backoff_s
@@ -379,7 +424,7 @@ class Runner:
                 env.fence,
                 stored.value,
             )
-            return
+            return Ended(Ending.REFUSED, env.id, detail="retry refused: superseded")
         logger.info(
             "retrying task_id=%s attempt=%s in %.2fs after %s", env.id, nxt.attempt, delay_s, error
         )
@@ -391,15 +436,21 @@ class Runner:
             logger.error(
                 "retry publish failed task_id=%s fence=%s", env.id, nxt.fence, exc_info=True
             )
+        return Ended(Ending.RETRIED, env.id, error=exc, detail=error, delay_s=delay_s)
 
-    async def reject_malformed(self, detail: str, raw: object) -> None:
+    async def reject_malformed(self, detail: str, raw: object) -> Ended:
         """Dead-letter a message that is not an envelope at all, keeping what arrived."""
         failure = Failure(Reason.MALFORMED_MESSAGE, "NotAnEnvelope", detail, worker=self.worker)
-        await self._dead(None, failure, raw=raw)
+        return await self._dead(None, failure, raw=raw)
 
     async def _dead(
-        self, env: Envelope | None, failure: Failure, raw: object = None, held: str = "running"
-    ) -> None:
+        self,
+        env: Envelope | None,
+        failure: Failure,
+        raw: object = None,
+        held: str = "running",
+        error: Exception | None = None,
+    ) -> Ended:
         # A message that is no envelope is filed under the task it was addressed to.
         task = self.spec.name if self.spec is not None else ""
         call = dlq.dead_letter(
@@ -407,19 +458,43 @@ class Runner:
             task=task, signer=self.signer, held=held,
         )  # fmt: skip
         moved = await call.arun(self.client)
+        task_id = env.id if env else None
         if moved.accepted:
+            # An operator must act: the task's own traceback comes with the line.
             logger.error(
                 "dead-lettered task_id=%s reason=%s error=%s",
-                env.id if env else "-",
+                task_id or "-",
                 failure.reason,
                 failure.error,
+                exc_info=error,
             )
-        else:
-            logger.warning(
-                "dead-letter refused task_id=%s fence=%s current_fence=%s state=%s held=%s",
-                env and env.id,
-                env and env.fence,
-                moved.value,
-                moved.state or "-",
-                held,
+            return Ended(
+                Ending.DEAD, task_id, error=error, reason=str(failure.reason), detail=failure.error
             )
+        logger.warning(
+            "dead-letter refused task_id=%s fence=%s current_fence=%s state=%s held=%s",
+            env and env.id,
+            env and env.fence,
+            moved.value,
+            moved.state or "-",
+            held,
+        )
+        return Ended(Ending.REFUSED, task_id, detail=f"dead-letter refused (held {held})")
+
+
+def _superseded(env: Envelope) -> Ended:
+    # Another incarnation holds the task: this one decides nothing (already logged).
+    return Ended(Ending.REFUSED, env.id, detail="superseded")
+
+
+def _own(action: _Action, error: BaseException | None) -> Exception | None:
+    """The task's own exception behind a retry or a dead-letter, when the failure is
+    that exception: not a schema refusal, not a hard timeout's cancellation (or the
+    error a task turned it into), not a result that is not JSON."""
+    if not isinstance(error, Exception) or isinstance(error, _Unrunnable):
+        return None
+    if isinstance(action, _Retry):
+        return error
+    if isinstance(action, _Dead) and action.failure.exc_type == type(error).__name__:
+        return error
+    return None

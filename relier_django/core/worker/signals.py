@@ -14,6 +14,9 @@
   killer, a crash in C code): the main process hands the task it was running off at
   once (``handoff.lua``), so it is resurrected at the next scan instead of after a
   heartbeat TTL.
+- ``task_failure`` with ``TimeLimitExceeded`` (Celery's hard time limit stopped a task:
+  prefork kills the pool process): the main process dead-letters the incarnation it
+  stopped at once, reason ``hard_timeout``, never to be resurrected for it.
 - ``task_unknown``: an envelope for a task this worker does not know (a rolling
   deploy, a typo in a route) is dead-lettered with reason ``unknown_task`` instead of
   being discarded by Celery.
@@ -31,11 +34,13 @@ import redis
 from celery import signals
 
 from ..model import config
+from ..model.envelope import decode
+from ..model.errors import EnvelopeError
 from ..recovery.resurrector import Scanner
 from ..store import bridge
 from ..store.connection import describe, sync_client
 from ..store.keys import KeySpace
-from . import fencing
+from . import fencing, timeouts
 from .reservations import Reservations, fence_of, waiting_request_ids
 from .runner import Runner
 
@@ -189,9 +194,15 @@ def _on_task_failure(
     heartbeat would only show after its TTL. The task may have died running
     (``start.lua`` done) or between Celery's acceptance and ``start.lua``: both states
     are offered, and ``handoff.lua`` acts only on the one this fence holds, so a task
-    that committed, or that another incarnation already superseded, is left alone."""
-    from billiard.exceptions import WorkerLostError
+    that committed, or that another incarnation already superseded, is left alone.
 
+    Celery's hard time limit (``TimeLimitExceeded``) is not a death but a verdict: see
+    ``_on_time_limit``."""
+    from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+
+    if isinstance(exception, TimeLimitExceeded):
+        _on_time_limit(sender, task_id, exception, args)
+        return
     if not isinstance(exception, WorkerLostError):
         return
     fence = fence_of(args)
@@ -218,6 +229,61 @@ def _on_task_failure(
             fence,
             exception,
         )
+
+
+def _on_time_limit(sender: Any, task_id: str, exception: Any, args: Any) -> None:
+    """Celery's hard time limit stopped one of our tasks: into the DLQ now.
+
+    Prefork's main process kills the pool process and reports ``TimeLimitExceeded``
+    twice (the job's failure callback, then its timeout callback: ``Request.on_failure``
+    and ``Request.on_timeout``). Left alone, the stopped task would wait out a heartbeat TTL and be
+    resurrected, to be stopped again until ``resurrection_limit``. It is dead-lettered
+    with reason ``hard_timeout`` instead, fenced to the incarnation stopped and to its
+    ``running`` state, so the second report, a commit that won the race, or a newer
+    incarnation are left alone. One stopped before ``start.lua`` never ran: it is handed
+    off to resurrection, as a dead process's would be."""
+    fence = fence_of(args)
+    if fence is None:
+        return  # not an @rl_task envelope
+    cfg = config.current()
+    try:
+        env = decode(args[0], cfg.signer)
+    except EnvelopeError:
+        return  # never started: the runner filed it when it arrived
+    spec = getattr(sender, "relier_spec", None)
+    ttl_s = getattr(spec, "result_ttl_s", None) or cfg.result_ttl_s
+    limit_s = exception.args[0] if exception.args else "?"
+    host = getattr(getattr(sender, "request", None), "hostname", None)
+    keys = KeySpace(cfg.key_prefix)
+    try:
+        client = sync_client(cfg)
+        moved = timeouts.killed(
+            keys, env, limit_s, worker_id(host), int(ttl_s * 1000), cfg.signer
+        ).run(client)
+        handed = 0
+        if not moved.accepted and moved.state == "queued" and moved.value == env.fence:
+            handed = fencing.handoff(keys, [(env.id, env.fence)], state="queued").run(client)
+    except Exception:
+        logger.error(
+            "hard time limit task_id=%s fence=%s: dead-letter failed; it expires in one TTL",
+            task_id, fence, exc_info=True,
+        )  # fmt: skip
+        return
+    if moved.accepted:
+        logger.error(
+            "hard time limit (%ss) task_id=%s fence=%s: dead-lettered reason=hard_timeout",
+            limit_s, task_id, fence,
+        )  # fmt: skip
+    elif handed:
+        logger.warning(
+            "hard time limit task_id=%s fence=%s before it started: handed off to resurrection",
+            task_id, fence,
+        )  # fmt: skip
+    else:  # the second report of the same stop, or the task had moved on
+        logger.debug(
+            "hard time limit task_id=%s fence=%s: nothing to file (current_fence=%s state=%s)",
+            task_id, fence, moved.value, moved.state or "-",
+        )  # fmt: skip
 
 
 def _on_task_unknown(sender: Any = None, message: Any = None, name: str = "", **_: Any) -> None:

@@ -1,0 +1,149 @@
+"""``@rl_task``'s options under Celery's names: the ones whose meaning matches are
+translated, the ones that cannot matter here are accepted and documented as such, and
+anything else is a ``TypeError`` naming the nearest option. Pure; no I/O.
+
+See docs/from-celery.md for the whole table.
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: Celery's option -> relier's, where the meaning is the same.
+ALIASES: Mapping[str, str] = {
+    "autoretry_for": "retry_on",
+    "soft_time_limit": "soft_timeout",
+    "time_limit": "hard_timeout",
+}
+
+#: Celery options with nothing to do here, and why (shown by docs/from-celery.md).
+NO_OPS: Mapping[str, str] = {
+    "acks_late": "relier's store covers a task from push to outcome, whenever it is acked",
+    "acks_on_failure_or_timeout": "a failure lands in the DLQ, not back in the queue",
+    "reject_on_worker_lost": "a lost worker's task is resurrected, fenced, from the store",
+    "ignore_result": "the outcome is always kept for RESULT_TTL_S: idempotency and "
+    "receipts read it",
+    "store_errors_even_if_ignored": "failures are always kept, in the DLQ",
+    "track_started": "the state of a running task is read from the store",
+    "trail": "relier keeps no child-task trail",
+    "typing": "push() checks the arguments against the signature, always",
+    "throws": "every failure is logged once, with its DLQ entry",
+}
+
+#: Celery's own names that mean something else here: refused with the reason.
+DIFFERENT: Mapping[str, str] = {
+    "default_retry_delay": "relier retries with exponential backoff: retry_backoff= "
+    "(base seconds) and retry_backoff_max=",
+    "priority": "priorities are not honoured; route urgent tasks to their own queue",
+    "expires": "expiry comes with durable scheduling; not supported yet",
+    "base": "every @rl_task is a RelierTask",
+    "serializer": "relier messages are always JSON envelopes",
+}
+
+
+def translate(given: Mapping[str, Any], own: Iterable[str]) -> dict[str, Any]:
+    """Relier's options for the Celery-named ones in ``given``.
+
+    Args:
+        given: the options ``@rl_task`` did not recognise by its own names.
+        own: relier's option names (for the "did you mean" of an unknown one).
+
+    Raises:
+        TypeError: an option that is unknown or means something else here.
+    """
+    out: dict[str, Any] = {}
+    for name, value in given.items():
+        if name in ALIASES:
+            out[ALIASES[name]] = value
+        elif name == "retry_backoff":  # Celery's: True, or a factor in seconds
+            out["retry_backoff"] = 1.0 if value is True else value
+        elif name == "retry_jitter":
+            if value is not True:
+                raise TypeError("retry_jitter=False: relier always adds jitter to its backoff")
+        elif name in NO_OPS:
+            continue
+        elif name in DIFFERENT:
+            raise TypeError(f"@rl_task option {name!r} is not supported: {DIFFERENT[name]}")
+        else:
+            known = sorted({*own, *ALIASES, *NO_OPS})
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known options: {known}"
+            raise TypeError(f"@rl_task got an unknown option {name!r}{hint}")
+    return out
+
+
+def admission_rate(admission_limit: str | None, rate_limit: str | None) -> str | None:
+    """The push admission rate, from ``admission_limit=`` or the deprecated
+    ``rate_limit=`` (warned about: Celery's ``rate_limit`` slows execution on each
+    worker; relier's refuses pushes over the rate)."""
+    if rate_limit is None:
+        return admission_limit
+    if admission_limit is not None:
+        raise TypeError("give admission_limit= only (rate_limit= is its deprecated name)")
+    warnings.warn(
+        "@rl_task(rate_limit=...) is deprecated: it is admission control (push() refuses "
+        "work over the rate), not Celery's rate_limit (which slows execution on each "
+        "worker); call it admission_limit=",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    return rate_limit
+
+
+#: ``apply_async`` options accepted and not needed: Celery beat passes ``producer`` and a
+#: ``headers`` mark; relier retries its own publish, keeps every outcome, routes by queue.
+_CALL_NO_OPS = frozenset(
+    {"producer", "retry", "retry_policy", "ignore_result", "add_to_parent", "serializer"}
+)
+_BEAT_HEADERS = frozenset({"celery_beat_task", "periodic_task_name"})
+_CALL_LATER = frozenset({"countdown", "eta", "expires"})
+_CALL_CANVAS = frozenset({"link", "link_error", "chain", "chord", "group_id", "group_index"})
+_LATER_WHY = (
+    "is not supported yet: a delay must wait in Redis, not in a worker's memory, and "
+    "durable scheduling has not landed; push now"
+)
+_CANVAS_WHY = (
+    "is not supported yet: callbacks and canvas (chain, group, chord) need workflows "
+    "relier can commit with each step; push the next task from the first one's body"
+)
+
+
+def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``push``'s options (``task_id``, ``queue``) for Celery's ``apply_async`` options.
+
+    Raises:
+        TypeError: an option relier cannot honour yet, or one that means something
+            else here; never dropped silently.
+    """
+    # The reasons that explain the most come first: a chain passes a dozen options.
+    for group, why in ((_CALL_CANVAS, _CANVAS_WHY), (_CALL_LATER, _LATER_WHY)):
+        given = sorted(name for name in group if name in options)
+        if given:
+            raise TypeError(f"apply_async({given[0]}=...) {why}")
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if name in ("task_id", "queue"):
+            if value is not None:
+                out[name] = value
+        elif name == "headers":
+            extra = set(value or {}) - _BEAT_HEADERS
+            if extra:
+                raise TypeError(
+                    f"apply_async(headers=...) {sorted(extra)}: relier messages carry one "
+                    "envelope; pass the values as task arguments"
+                )
+        elif name == "serializer" and value not in (None, "json"):
+            raise TypeError(f"serializer={value!r}: relier messages are always JSON")
+        elif name in _CALL_NO_OPS:
+            continue
+        elif name in ("routing_key", "exchange"):
+            raise TypeError(f"apply_async({name}=...): route relier tasks with queue=")
+        else:
+            raise TypeError(
+                f"apply_async({name}=...) is not supported by @rl_task tasks; "
+                "supported: task_id, queue (see docs/from-celery.md)"
+            )
+    return out

@@ -1,0 +1,118 @@
+"""Celery's calls on an @rl_task keep Celery's meaning, with relier's guarantees (issue 20).
+
+``delay``/``apply_async``/signatures push an envelope (stored, fenced) and a worker runs
+it; ``task(...)``, ``run()`` and ``apply()`` run the body in this process and touch no
+Redis; options relier cannot honour yet raise and say so; a beat entry naming the
+task pushes it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+from celery import chain
+
+from relier_django.core.model.envelope import decode
+from relier_django.core.store.keys import KeySpace
+from testproject.demo import tasks
+from testproject.harness import REPO_ROOT, wait_until, worker_env
+
+KEYS = KeySpace("rl")
+
+
+def runs(client, label: str) -> list[str]:  # type: ignore[no-untyped-def]
+    return [r.decode() for r in client.lrange(f"demo:exec:{label}", 0, -1)]
+
+
+def _stored(client, task_id: str):  # type: ignore[no-untyped-def]
+    return decode(client.hget(KEYS.task(task_id), "env"))
+
+
+def test_delay_pushes_an_envelope_and_a_worker_runs_it(worker, redis_client):
+    receipt = tasks.sync_record.delay("via-delay")
+    assert receipt.id == receipt.task_id
+    assert receipt.get(timeout=30)["label"] == "via-delay"
+    assert len(runs(redis_client, "via-delay")) == 1
+
+
+def test_apply_async_pushes_with_its_task_id_and_queue(redis_client):
+    receipt = tasks.sync_record.apply_async(("q-label",), {"sleep_s": 0}, task_id="t-1", queue="q7")
+    assert receipt.task_id == "t-1"
+    env = _stored(redis_client, "t-1")
+    assert (env.args, env.kwargs, env.queue, env.fence) == (("q-label",), {"sleep_s": 0}, "q7", 1)
+    (raw,) = redis_client.lrange("q7", 0, -1)
+    assert json.loads(raw)["headers"]["relier_fence"] == 1  # an envelope, not bare arguments
+
+
+def test_a_signature_applies_as_a_push(worker, redis_client):
+    assert tasks.sync_record.s("by-sig").apply_async().get(timeout=30)["label"] == "by-sig"
+    assert tasks.sync_record.si("by-si").delay().get(timeout=30)["label"] == "by-si"
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"countdown": 10}, "durable scheduling"),
+        ({"eta": None, "expires": 5}, "durable scheduling"),
+        ({"link": None}, "canvas"),
+        ({"priority": 3}, "not supported"),
+    ],
+)
+def test_an_option_it_cannot_honour_is_refused_and_nothing_is_pushed(options, says, redis_client):
+    with pytest.raises(TypeError, match=says):
+        tasks.sync_record.apply_async(("never",), **options)
+    assert redis_client.dbsize() == 0
+
+
+def test_a_chain_is_refused_by_name_until_workflows_land(redis_client):
+    with pytest.raises(TypeError, match="canvas"):
+        chain(tasks.sync_record.s("a"), tasks.sync_record.s()).apply_async()
+    assert redis_client.dbsize() == 0
+
+
+def test_calling_the_task_runs_its_body_here_and_touches_no_redis(redis_client):
+    assert tasks.unserializable.run("r") is not None  # the body, as Celery's run() is
+    result = tasks.charge("o-here", 5)  # ctx-taking body: a fresh context is made
+    assert result["order_id"] == "o-here" and result["amount"] == 5
+    (run,) = runs(redis_client, "charge:o-here")
+    assert run.startswith("0:")  # fence 0: an inline context, not an incarnation
+    assert redis_client.keys("rl:*") == []  # no envelope, no DLQ entry
+
+
+def test_apply_runs_eagerly_and_reports_success_or_failure_like_celery(redis_client):
+    ok = tasks.charge.apply(("o-eager", 7))
+    assert ok.successful() and ok.get()["amount"] == 7
+    failed = tasks.explode.apply(("boom",))
+    assert failed.state == "FAILURE" and isinstance(failed.result, Exception)
+    assert redis_client.keys("rl:*") == []
+
+
+def test_a_beat_entry_naming_the_task_pushes_it_and_a_worker_runs_it(
+    worker, redis_server, redis_client, tmp_path
+):
+    log = open(tmp_path / "beat.log", "wb")  # noqa: SIM115 - closed below
+    beat = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "testproject", "beat", "--loglevel", "INFO",
+         "--schedule", str(tmp_path / "beat-schedule"), "--max-interval", "1"],
+        cwd=REPO_ROOT, env=worker_env(redis_server.url, {"DEMO_BEAT_EVERY_S": "1"}),
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: len(runs(redis_client, "beat")) >= 2, 60, what="two beat ticks run")
+    finally:
+        beat.send_signal(signal.SIGTERM)
+        try:
+            beat.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            beat.kill()
+            beat.wait()
+        log.close()
+    text = (tmp_path / "beat.log").read_text()
+    assert "ERROR" not in text, text[-3000:]
+    # Each tick was a relier push: its own task id, fence 1, run once.
+    fences = [r.split(":")[0] for r in runs(redis_client, "beat")]
+    assert set(fences) == {"1"}

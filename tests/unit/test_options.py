@@ -1,0 +1,84 @@
+"""@rl_task under Celery's option names, and apply_async's options (issue 20)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from relier_django import rl_task
+from relier_django.core.model import options
+
+
+def test_celery_names_with_the_same_meaning_are_translated():
+    got = options.translate(
+        {"autoretry_for": (KeyError,), "soft_time_limit": 5, "time_limit": 9,
+         "retry_backoff": True, "retry_jitter": True, "acks_late": True, "ignore_result": True},
+        (),
+    )  # fmt: skip
+    assert got == {
+        "retry_on": (KeyError,),
+        "soft_timeout": 5,
+        "hard_timeout": 9,
+        "retry_backoff": 1.0,
+    }
+
+
+def test_an_unknown_option_names_the_nearest_one():
+    with pytest.raises(TypeError, match=r"unknown option 'idempotnet'.*did you mean 'idempotent'"):
+        options.translate({"idempotnet": True}, ("idempotent", "queue"))
+
+
+def test_a_celery_option_with_another_meaning_says_what_to_do_instead():
+    with pytest.raises(TypeError, match=r"'default_retry_delay' is not supported.*retry_backoff="):
+        options.translate({"default_retry_delay": 3}, ())
+    with pytest.raises(TypeError, match=r"retry_jitter=False"):
+        options.translate({"retry_jitter": False}, ())
+
+
+def test_rate_limit_still_works_and_warns_that_it_is_admission_not_throttling():
+    with pytest.warns(DeprecationWarning, match=r"admission control.*not Celery's rate_limit"):
+        assert options.admission_rate(None, "5/s") == "5/s"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert options.admission_rate("5/s", None) == "5/s"
+    with pytest.raises(TypeError, match="admission_limit= only"):
+        options.admission_rate("5/s", "5/s")
+
+
+def test_apply_async_options_it_cannot_honour_are_refused_never_dropped():
+    assert options.call_options({"task_id": "t1", "queue": "q", "producer": object(),
+                                 "headers": {"celery_beat_task": True}}) == {
+        "task_id": "t1", "queue": "q"}  # fmt: skip
+    for name, value, says in (
+        ("countdown", 5, "durable scheduling"), ("eta", None, "durable scheduling"),
+        ("link", None, "canvas"), ("priority", 9, "not supported"),
+        ("routing_key", "x", "queue="), ("headers", {"tenant": 1}, "task arguments"),
+        ("serializer", "pickle", "JSON"),
+    ):  # fmt: skip
+        with pytest.raises(TypeError, match=says):
+            options.call_options({name: value})
+
+
+def test_rl_task_takes_celery_names_and_refuses_unknown_ones():
+    def fn(x: int) -> int:
+        return x
+
+    task = rl_task(fn, name="t.celery_names", autoretry_for=(KeyError,), time_limit=9,
+                   soft_time_limit=5, acks_late=True)  # fmt: skip
+    spec = task.relier_spec
+    assert (spec.retry_on, spec.soft_timeout_s, spec.hard_timeout_s) == ((KeyError,), 5, 9)
+    assert (task.soft_time_limit, task.time_limit) == (5, 9)  # Celery's own, for a def task
+    with pytest.raises(TypeError, match="under two names"):
+        rl_task(fn, name="t.twice", retry_on=(KeyError,), autoretry_for=(KeyError,))
+    with pytest.raises(TypeError, match="did you mean 'max_retries'"):
+        rl_task(fn, name="t.typo", max_retry=3)
+
+
+def test_bind_true_gives_the_first_parameter_the_context_whatever_its_name():
+    def fn(self, x: int) -> str:
+        return f"{self.task_name}:{x}"
+
+    task = rl_task(fn, name="t.bound", bind=True)
+    assert task.relier_spec.wants_context
+    assert task(2) == "t.bound:2"
