@@ -11,6 +11,7 @@ from bench import (
     push_overhead,
     report,
     resurrector_pass,
+    scheduling,
     throughput,
 )
 
@@ -22,6 +23,7 @@ BENCHMARKS = {
     "admission": (admission.main, []),  # against the anchor, relier 0.1.7
     "throughput": (throughput.main, []),  # no-op and 10 ms tasks vs vanilla / acks_late
     "resurrector_pass": (resurrector_pass.main, []),  # 1,000 expired of 100,000
+    "scheduling": (scheduling.main, []),  # 10,000 countdowns over 1-60 s vs Celery's ETA
 }
 
 if __name__ == "__main__":

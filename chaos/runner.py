@@ -170,12 +170,17 @@ class Run:
             out.append(Item(task, label, {"journal": str(self.journal), "work_s": work}))
         return out
 
-    def push(self, item: Item, task_id: str | None = None) -> Pushed:
+    def push(
+        self, item: Item, task_id: str | None = None, countdown_s: float | None = None
+    ) -> Pushed:
+        """Push ``item`` (due ``countdown_s`` from now on the store's clock, if given)."""
+        from relier_django.core.model.timing import timing
         from relier_django.core.push import producer
 
         task_id = task_id or uuid.uuid4().hex
         kwargs = {"label": item.label, **item.kwargs}
-        producer.push(item.task.relier_spec, item.task.app, (), kwargs, task_id=task_id)
+        when = timing(countdown=countdown_s)
+        producer.push(item.task.relier_spec, item.task.app, (), kwargs, task_id=task_id, when=when)
         record = Pushed(task_id, item.label, item.task.name, item.expect, time.time())
         with self._lock:
             if not self.report.started_at:

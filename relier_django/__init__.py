@@ -4,11 +4,13 @@ Public API::
 
     from relier_django import rl_task, TaskContext, Receipt, TaskFailed, lock
     from relier_django import result, aresult  # a receipt for a task id pushed elsewhere
+    from relier_django import cancel, acancel  # take a task back, or fence off its run
 
 Celery's result backend over relier's store: ``relier_django.results:RelierBackend``.
 """
 
 from .core.extras.lock import Lock, lock
+from .core.model import config as _config
 from .core.model.errors import (
     AdmissionRejected,
     CheckpointTooLarge,
@@ -16,15 +18,19 @@ from .core.model.errors import (
     LockLost,
     LockNotAcquired,
     RelierError,
+    TaskCancelled,
     TaskFailed,
     TaskLost,
 )
+from .core.store import cancel as _cancel
+from .core.store.cancel import Cancelled
 from .core.store.receipt import DispatchState, NotDispatched, Receipt, aresult, result
 from .core.task import RelierTask, rl_task
 from .core.worker.context import TaskContext
 
 __all__ = [
     "AdmissionRejected",
+    "Cancelled",
     "CheckpointTooLarge",
     "DispatchState",
     "DuplicateTaskId",
@@ -35,12 +41,28 @@ __all__ = [
     "Receipt",
     "RelierError",
     "RelierTask",
+    "TaskCancelled",
     "TaskContext",
     "TaskFailed",
     "TaskLost",
+    "acancel",
     "aresult",
+    "cancel",
     "lock",
     "result",
     "rl_task",
 ]
 __version__ = "0.1.0.dev0"
+
+
+def cancel(task_id: str) -> Cancelled:
+    """Cancel a task by id: removed if it has not started (scheduled, queued), fenced
+    off if it is running (its commit is refused; an ``async def`` task is cancelled at
+    its next heartbeat). Its receipts' ``get()`` then raise ``TaskCancelled`` and
+    Celery's state is ``REVOKED``. A finished task is left as it is (``NOTHING``)."""
+    return _cancel.cancel(_config.current(), task_id)
+
+
+async def acancel(task_id: str) -> Cancelled:
+    """Async twin of :func:`cancel`."""
+    return await _cancel.acancel(_config.current(), task_id)

@@ -27,6 +27,7 @@ from django.utils.module_loading import autodiscover_modules
 from . import conf
 from .core.broker.transport import SentinelTransport, Transport
 from .core.model.config import Config
+from .core.schedule import periodic, ticks
 from .core.store.connection import describe, redact, sync_client
 from .core.task import RelierTask
 
@@ -393,6 +394,58 @@ def check_task_queues(
             )
         )
     return warnings
+
+
+@register(TAG)
+def check_periodic_schedule(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """relier.E008 (a ``beat_schedule`` entry naming no registered task), relier.E009 (a
+    schedule that is not seconds, a ``timedelta`` or a ``crontab``), relier.E010 (an
+    entry relier cannot push: its args, kwargs or options), relier.W005 (an entry for a
+    plain Celery task: relier does not fire it, celery beat must run for it).
+
+    Returns:
+        One message per entry relier's scanners will not fire.
+    """
+    autodiscover_modules("tasks")  # as _relier_tasks: the check sees every task
+    _, rejected = periodic.read_entries(current_app)
+    where = "Celery's beat_schedule (CELERY_BEAT_SCHEDULE)"
+    messages: list[CheckMessage] = []
+    for bad in rejected:
+        entry = f"Periodic entry {bad.entry!r} in {where}"
+        if bad.problem is periodic.Problem.NOT_RELIER:
+            messages.append(CheckWarning(
+                f"{entry} names a plain Celery task ({bad.detail}): relier's scanners fire "
+                "only @rl_task entries, so this one runs only while celery beat runs.",
+                hint="Run one `celery -A <proj> beat` for it (and only one), or make the task "
+                "an @rl_task so relier fires it exactly once; docs/scheduling.md.",
+                id="relier.W005",
+            ))  # fmt: skip
+        elif bad.problem is periodic.Problem.UNKNOWN_TASK:
+            messages.append(Error(
+                f"{entry}: {bad.detail}; it would never fire.",
+                hint="Correct its 'task' to a registered task name (the @rl_task's `name=`, "
+                "or its module path and function name), or remove the entry.",
+                id="relier.E008",
+            ))  # fmt: skip
+        elif bad.problem is periodic.Problem.BAD_SCHEDULE:
+            messages.append(Error(
+                f"{entry}: its 'schedule' {bad.detail}.",
+                hint="Give 'schedule' a number of seconds > 0 (e.g. 30.0), a "
+                "datetime.timedelta, or a celery.schedules.crontab(...).",
+                id="relier.E009",
+            ))  # fmt: skip
+        else:
+            messages.append(Error(
+                f"{entry} cannot be pushed: {bad.detail}.",
+                hint="Give the entry 'args' (a list) and 'kwargs' (a dict) that fit the "
+                "task's signature, and 'options' a dict whose "
+                f"'{periodic.MISSED_OPTION}' is one of "
+                f"{', '.join(repr(m.value) for m in ticks.Missed)}.",
+                id="relier.E010",
+            ))  # fmt: skip
+    return messages
 
 
 def _consumed_queues(

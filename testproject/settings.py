@@ -189,3 +189,16 @@ if env.float("DEMO_BEAT_EVERY_S", default=0):
             "args": ("beat",),
         }
     }
+
+# A periodic entry that relier's scanners fire (docs/scheduling.md), every
+# DEMO_PERIODIC_EVERY_S seconds (0: none), for tests/chaos/test_periodic.py.
+if env.float("DEMO_PERIODIC_EVERY_S", default=0):
+    CELERY_BEAT_SCHEDULE = {
+        **globals().get("CELERY_BEAT_SCHEDULE", {}),
+        "demo-periodic": {
+            "task": "demo.sync_record",
+            "schedule": env.float("DEMO_PERIODIC_EVERY_S"),
+            "args": ("periodic",),
+            "options": {"relier_missed": env.str("DEMO_PERIODIC_MISSED", default="all")},
+        },
+    }

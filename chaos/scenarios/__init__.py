@@ -36,7 +36,7 @@ class Scenario:
 
 
 def _all() -> dict[str, Scenario]:
-    from . import kills, load, messages, network, redis_faults
+    from . import kills, load, messages, network, redis_faults, scheduling
 
     ordered = [
         kills.WORKER_KILL,
@@ -49,6 +49,8 @@ def _all() -> dict[str, Scenario]:
         load.LOAD_SPIKE,
         load.SLOW_TASK,
         kills.POISON,
+        scheduling.SCHEDULED_KILLS,
+        scheduling.SCHEDULED_REDIS_RESTART,
     ]
     return {s.name: s for s in ordered}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import inspect
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Task, shared_task
@@ -17,6 +18,7 @@ from .model.idem_key import KeyOption
 from .model.rates import Rate
 from .model.schema import Migration, Schema
 from .model.spec import TaskSpec
+from .model.timing import timing
 from .push import producer
 from .push.producer import PushWith
 from .store import bridge
@@ -75,7 +77,15 @@ class RelierTask(Task):
         """
         return await producer.apush(self.relier_spec, self.app, args, kwargs)
 
-    def push_with(self, *, on_commit: bool = True, using: str | None = None) -> PushWith:
+    def push_with(
+        self,
+        *,
+        on_commit: bool = True,
+        using: str | None = None,
+        countdown: float | timedelta | None = None,
+        eta: datetime | None = None,
+        expires: float | timedelta | datetime | None = None,
+    ) -> PushWith:
         """Options for one push, apart from the task's arguments (no parameter name of
         a task is reserved): ``task.push_with(using="orders").push(order_id)``.
 
@@ -83,12 +93,20 @@ class RelierTask(Task):
             on_commit: False sends at once, even inside a transaction.
             using: the database alias whose transaction the push waits for (default:
                 Django's default database). An alias not in ``DATABASES`` raises at push.
+            countdown: seconds (or a timedelta) from the push until the task is due,
+                on the store's clock. The task waits in Redis, in no worker's memory,
+                and the scanner leader dispatches it when due, once (docs/scheduling.md).
+            eta: when the task is due, a timezone-aware datetime (wins over countdown).
+                A time in the past dispatches at once.
+            expires: seconds from the push, or an aware datetime: a task not started by
+                then lands in the DLQ with reason ``expired``, never runs.
 
         Raises:
-            TypeError: an option of the wrong type.
-            ValueError: ``using`` together with ``on_commit=False``.
+            TypeError: an option of the wrong type, a naive datetime.
+            ValueError: ``using`` together with ``on_commit=False``; a negative countdown.
         """
-        return PushWith(self.relier_spec, self.app, on_commit=on_commit, using=using)
+        when = timing(countdown, eta, expires)
+        return PushWith(self.relier_spec, self.app, on_commit=on_commit, using=using, when=when)
 
     def delay(self, *args: Any, **kwargs: Any) -> Receipt:
         """Celery's name for :meth:`push`, with the same guarantees."""
@@ -109,8 +127,11 @@ class RelierTask(Task):
         entry naming this task pushes it.
         """
         chosen = options_mod.call_options(options)
+        when = timing(
+            chosen.pop("countdown", None), chosen.pop("eta", None), chosen.pop("expires", None)
+        )
         return producer.push(
-            self.relier_spec, self.app, tuple(args or ()), dict(kwargs or {}), **chosen
+            self.relier_spec, self.app, tuple(args or ()), dict(kwargs or {}), when=when, **chosen
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -530,3 +530,70 @@ def _seen_retry(request: Any = None, reason: Any = None, **_: Any) -> None:
 @signals.task_postrun.connect(dispatch_uid="demo.seen_postrun", weak=False)
 def _seen_postrun(task_id: str | None = None, state: str | None = None, **_: Any) -> None:
     _celery_seen(task_id, signal="postrun", state=state)
+
+
+# --- Scheduling (tests/integration/test_scheduling.py) ---------------------------------
+@rl_task(name="demo.scheduled_at")
+def scheduled_at(ctx: TaskContext, label: str) -> str | None:
+    """Returns when the task was due, as the context says (None: pushed to run now)."""
+    return ctx.scheduled_at.isoformat() if ctx.scheduled_at else None
+
+
+@rl_task(name="demo.flaky_later", retry_on=(TimeoutError,), max_retries=3, retry_backoff=1.0)
+def flaky_later(ctx: TaskContext, label: str, failures: int) -> dict:
+    """Fails its first ``failures`` attempts; each retry waits about a second, in Redis."""
+    if ctx.attempt <= failures:
+        raise TimeoutError(f"attempt {ctx.attempt}")
+    return {"label": label, "attempt": ctx.attempt}
+
+
+# --- Scheduling under load and faults (bench/scheduling.py, chaos/scenarios/scheduling.py)
+# Each start is timed on the Redis clock (TIME), the clock the due time was set on, so a
+# start can be compared with its due time whatever the worker's own clock says.
+def _redis_now_ms() -> int:
+    seconds, micros = _redis().time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+@rl_task(name="demo.sched_probe")
+def sched_probe(ctx: TaskContext, label: str, run: str) -> None:
+    """Records ``<label>:<fence>:<due ms>:<start ms>`` in ``demo:sched:<run>`` (one list
+    per run: a second entry for a label is a second run)."""
+    started = _redis_now_ms()
+    due = round(ctx.scheduled_at.timestamp() * 1000) if ctx.scheduled_at else -1
+    _redis().rpush(f"demo:sched:{run}", f"{label}:{ctx.fence_token}:{due}:{started}")
+
+
+@shared_task(name="demo.plain_sched", bind=True)
+def plain_sched(self: Any, label: str, run: str) -> None:
+    """Vanilla Celery twin of ``sched_probe``: its due time is the message's ETA."""
+    from datetime import datetime
+
+    started = _redis_now_ms()
+    eta = self.request.eta
+    due = round(datetime.fromisoformat(eta).timestamp() * 1000) if eta else -1
+    _redis().rpush(f"demo:plain_sched:{run}", f"{label}:0:{due}:{started}")
+
+
+@rl_task(name="demo.chaos_scheduled")
+def chaos_scheduled(ctx: TaskContext, label: str, journal: str, work_s: float = 0.0) -> dict:
+    """Chaos workload for scheduled tasks: ``chaos_step`` plus a line in
+    ``<journal>/sched-<pid>.jsonl`` with its due time and its start on the Redis clock
+    (``null`` if Redis was unreachable at that instant; the journal keeps local time)."""
+    try:
+        started: int | None = _redis_now_ms()
+    except redis.exceptions.RedisError:
+        started = None
+    due = round(ctx.scheduled_at.timestamp() * 1000) if ctx.scheduled_at else None
+    _journal(journal, "start", ctx, label)
+    line = json.dumps({"id": ctx.task_id, "fence": ctx.fence_token, "due_ms": due,
+                       "redis_ms": started, "t": time.time()})  # fmt: skip
+    fd = os.open(os.path.join(journal, f"sched-{os.getpid()}.jsonl"),
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # fmt: skip
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+    time.sleep(work_s)
+    _journal(journal, "end", ctx, label)
+    return {"label": label, "fence": ctx.fence_token}

@@ -35,7 +35,7 @@ SHARED_INVARIANTS = [
 # Scenarios whose fault is injected by the runner (poison and slow-task bring their own).
 INJECTED = {
     "worker-kill", "zombie", "graceful-deploy", "network-partition", "redis-restart",
-    "redis-failover", "task-corrupt", "load-spike",
+    "redis-failover", "task-corrupt", "load-spike", "scheduled-kills", "scheduled-redis-restart",
 }  # fmt: skip
 
 

@@ -8,15 +8,20 @@ task pushes it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from celery import chain
 
 from relier_django.core.model.envelope import decode
+from relier_django.core.schedule import periodic
 from relier_django.core.store.keys import KeySpace
 from testproject.demo import tasks
 from testproject.harness import REPO_ROOT, wait_until, worker_env
@@ -56,8 +61,6 @@ def test_a_signature_applies_as_a_push(worker, redis_client):
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        ({"countdown": 10}, "durable scheduling"),
-        ({"eta": None, "expires": 5}, "durable scheduling"),
         ({"link": None}, "canvas"),
         ({"priority": 3}, "not supported"),
     ],
@@ -91,28 +94,54 @@ def test_apply_runs_eagerly_and_reports_success_or_failure_like_celery(redis_cli
     assert redis_client.keys("rl:*") == []
 
 
+@contextlib.contextmanager
+def _beat(url: str, tmp_path: Path, env: dict[str, str], *args: str) -> Iterator[None]:
+    """A real ``celery beat`` for the block's duration, logging to tmp_path/beat.log,
+    stopped by SIGTERM (SIGKILL if it lingers)."""
+    with open(tmp_path / "beat.log", "wb") as log:
+        beat = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "testproject", "beat", "--loglevel", "INFO",
+             "--schedule", str(tmp_path / "beat-schedule"), "--max-interval", "1", *args],
+            cwd=REPO_ROOT, env=worker_env(url, env), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            yield
+        finally:
+            beat.send_signal(signal.SIGTERM)
+            try:
+                beat.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                beat.kill()
+                beat.wait()
+
+
 def test_a_beat_entry_naming_the_task_pushes_it_and_a_worker_runs_it(
     worker, redis_server, redis_client, tmp_path
 ):
-    log = open(tmp_path / "beat.log", "wb")  # noqa: SIM115 - closed below
-    beat = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "testproject", "beat", "--loglevel", "INFO",
-         "--schedule", str(tmp_path / "beat-schedule"), "--max-interval", "1"],
-        cwd=REPO_ROOT, env=worker_env(redis_server.url, {"DEMO_BEAT_EVERY_S": "1"}),
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
+    with _beat(redis_server.url, tmp_path, {"DEMO_BEAT_EVERY_S": "1"}):
         wait_until(lambda: len(runs(redis_client, "beat")) >= 2, 60, what="two beat ticks run")
-    finally:
-        beat.send_signal(signal.SIGTERM)
-        try:
-            beat.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            beat.kill()
-            beat.wait()
-        log.close()
     text = (tmp_path / "beat.log").read_text()
     assert "ERROR" not in text, text[-3000:]
     # Each tick was a relier push: its own task id, fence 1, run once.
     fences = [r.split(":")[0] for r in runs(redis_client, "beat")]
     assert set(fences) == {"1"}
+
+
+def test_beat_with_relier_scheduler_and_a_worker_firing_the_same_entry_runs_each_tick_once(
+    worker_factory, redis_server, redis_client, tmp_path
+):
+    # Both fire demo.sync_record every second: the worker's scanner and a celery beat
+    # on relier's scheduler. Each tick is claimed: every tick runs once, none twice.
+    every = {"DEMO_BEAT_EVERY_S": "1"}
+    worker_factory(extra_env=every)
+    with _beat(redis_server.url, tmp_path, every, "-S", "relier_django.beat:Scheduler"):
+        wait_until(lambda: len(runs(redis_client, "beat")) >= 4, 60, what="four ticks run")
+    time.sleep(1.5)  # a tick fired as beat stopped has time to run
+    done = {k.decode().split("{")[1].rstrip("}") for k in redis_client.keys("rl:r:*")}
+    # Every run came through a claimed tick (its id is the tick's), none from beat's
+    # own apply_async: so no tick ran twice.
+    ticks = {int(s) * 1000 for s in range(int(time.time()) - 120, int(time.time()) + 2)}
+    assert done <= {periodic.tick_id("demo-beat", t) for t in ticks}
+    assert len(runs(redis_client, "beat")) == len(done)
+    assert "ERROR" not in (tmp_path / "beat.log").read_text()

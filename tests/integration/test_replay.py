@@ -37,8 +37,11 @@ from relier_django.core.extras import lock, ratelimit
 from relier_django.core.model import config, outcome
 from relier_django.core.model.failure import Failure, Reason
 from relier_django.core.model.rates import Rate
+from relier_django.core.model.timing import Timing
 from relier_django.core.model.transition import history_tail
 from relier_django.core.push import admission, idempotency, producer
+from relier_django.core.schedule import periodic
+from relier_django.core.store import cancel as store_cancel
 from relier_django.core.store import checkpoint, scripts
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
@@ -253,6 +256,58 @@ def lock_release(cfg: config.Config, client: redis.Redis) -> Any:
     return lock.release_if_held(_keys(cfg), "nightly", token).run(client)
 
 
+def _scheduled(cfg: config.Config, client: redis.Redis) -> Any:
+    """A task pushed with a countdown whose due time has come."""
+    env = _env(cfg)
+    when = Timing(countdown_ms=60_000)
+    assert (
+        idempotency.store(_keys(cfg), env, env.encode(), 60_000, 3, token="p", when=when)
+        .run(client)
+        .scheduled
+    )
+    client.zadd(_keys(cfg).schedule, {env.id: 1})  # due long ago
+    return env
+
+
+def _take_call(cfg: config.Config, token: str = "take-1") -> scripts.ScriptCall[Any]:
+    keys = _keys(cfg)
+    return scripts.ScriptCall(
+        scripts.SCHEDULE_TAKE, keys.for_schedule_take([TASK_ID]), [30_000, token, TASK_ID], list
+    )
+
+
+def schedule_take(cfg: config.Config, client: redis.Redis) -> Any:
+    _scheduled(cfg, client)
+    return _take_call(cfg).run(client)
+
+
+def schedule_sent(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _scheduled(cfg, client)
+    _take_call(cfg).run(client)
+    keys = _keys(cfg)
+    call = scripts.ScriptCall(
+        scripts.SCHEDULE_SENT, keys.for_schedule_sent([env.id]),
+        [60_000, "take-1", env.id, env.fence], int,
+    )  # fmt: skip
+    return call.run(client)
+
+
+def tick(cfg: config.Config, client: redis.Redis) -> Any:
+    client.hset(_keys(cfg).periodic, "nightly", 1_000)  # its last tick handled
+    return periodic.claim(_keys(cfg), "nightly", 2_000, "tick-1", 30_000).run(client)
+
+
+def tick_done(cfg: config.Config, client: redis.Redis) -> Any:
+    client.hset(_keys(cfg).periodic, "nightly", 1_000)
+    assert periodic.claim(_keys(cfg), "nightly", 2_000, "tick-1", 30_000).run(client).code == 1
+    return periodic.done(_keys(cfg), "nightly", 2_000, "tick-1").run(client)
+
+
+def cancel(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _started(cfg, client)
+    return store_cancel.cancel(cfg, env.id)
+
+
 def admit(cfg: config.Config, client: redis.Redis) -> Any:
     found = admission.limits(_keys(cfg), cfg, "t", Rate.parse("5/m"))
     return asyncio.run(admission.acheck(found, cfg))
@@ -284,6 +339,11 @@ CASES: dict[str, Case] = {
     "lock_acquire": Case(lock_acquire),
     "lock_extend": Case(lock_extend),
     "lock_release": Case(lock_release),
+    "schedule_take": Case(schedule_take),
+    "schedule_sent": Case(schedule_sent),
+    "cancel": Case(cancel),
+    "tick": Case(tick),
+    "tick_done": Case(tick_done),
     "admit": Case(admit, replayed=False),
     "ratelimit": Case(ratelimit_, replayed=False),
 }

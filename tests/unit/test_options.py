@@ -50,8 +50,9 @@ def test_apply_async_options_it_cannot_honour_are_refused_never_dropped():
     assert options.call_options({"task_id": "t1", "queue": "q", "producer": object(),
                                  "headers": {"celery_beat_task": True}}) == {
         "task_id": "t1", "queue": "q"}  # fmt: skip
+    assert options.call_options({"countdown": 5, "eta": None, "expires": 9}) == {
+        "countdown": 5, "expires": 9}  # fmt: skip
     for name, value, says in (
-        ("countdown", 5, "durable scheduling"), ("eta", None, "durable scheduling"),
         ("link", None, "canvas"), ("priority", 9, "not supported"),
         ("routing_key", "x", "queue="), ("headers", {"tenant": 1}, "task arguments"),
         ("serializer", "pickle", "JSON"),

@@ -44,6 +44,19 @@ class TaskFailed(RelierError):
         return type(self), (self.task_id, self.reason, self.error)
 
 
+class TaskCancelled(TaskFailed):
+    """The task was cancelled (``relier_django.cancel``) and will not produce a result.
+    A ``TaskFailed`` with reason ``cancelled``, so code that handles failures handles it;
+    it is not in the dead-letter queue."""
+
+    def __init__(self, task_id: str) -> None:
+        RelierError.__init__(self, f"task {task_id} was cancelled")
+        self.task_id, self.reason, self.error = task_id, "cancelled", None
+
+    def __reduce__(self) -> tuple[type[TaskCancelled], tuple[str]]:  # type: ignore[override]
+        return type(self), (self.task_id,)
+
+
 class EntryNotReleasable(RelierError):
     """A DLQ entry cannot be released: unknown id, already released, no envelope
     (a malformed message), or its task id is live again. ``reason`` says which."""

@@ -38,7 +38,6 @@ DIFFERENT: Mapping[str, str] = {
     "default_retry_delay": "relier retries with exponential backoff: retry_backoff= "
     "(base seconds) and retry_backoff_max=",
     "priority": "priorities are not honoured; route urgent tasks to their own queue",
-    "expires": "expiry comes with durable scheduling; not supported yet",
     "base": "every @rl_task is a RelierTask",
     "serializer": "relier messages are always JSON envelopes",
 }
@@ -99,12 +98,7 @@ _CALL_NO_OPS = frozenset(
     {"producer", "retry", "retry_policy", "ignore_result", "add_to_parent", "serializer"}
 )
 _BEAT_HEADERS = frozenset({"celery_beat_task", "periodic_task_name"})
-_CALL_LATER = frozenset({"countdown", "eta", "expires"})
 _CALL_CANVAS = frozenset({"link", "link_error", "chain", "chord", "group_id", "group_index"})
-_LATER_WHY = (
-    "is not supported yet: a delay must wait in Redis, not in a worker's memory, and "
-    "durable scheduling has not landed; push now"
-)
 _CANVAS_WHY = (
     "is not supported yet: callbacks and canvas (chain, group, chord) need workflows "
     "relier can commit with each step; push the next task from the first one's body"
@@ -112,20 +106,21 @@ _CANVAS_WHY = (
 
 
 def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``push``'s options (``task_id``, ``queue``) for Celery's ``apply_async`` options.
+    """``push``'s options (``task_id``, ``queue``, ``countdown``, ``eta``, ``expires``)
+    for Celery's ``apply_async`` options.
 
     Raises:
         TypeError: an option relier cannot honour yet, or one that means something
             else here; never dropped silently.
     """
     # The reasons that explain the most come first: a chain passes a dozen options.
-    for group, why in ((_CALL_CANVAS, _CANVAS_WHY), (_CALL_LATER, _LATER_WHY)):
+    for group, why in ((_CALL_CANVAS, _CANVAS_WHY),):
         given = sorted(name for name in group if name in options)
         if given:
             raise TypeError(f"apply_async({given[0]}=...) {why}")
     out: dict[str, Any] = {}
     for name, value in options.items():
-        if name in ("task_id", "queue"):
+        if name in ("task_id", "queue", "countdown", "eta", "expires"):
             if value is not None:
                 out[name] = value
         elif name == "headers":
@@ -144,6 +139,6 @@ def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
         else:
             raise TypeError(
                 f"apply_async({name}=...) is not supported by @rl_task tasks; "
-                "supported: task_id, queue (see docs/from-celery.md)"
+                "supported: task_id, queue, countdown, eta, expires (see docs/from-celery.md)"
             )
     return out

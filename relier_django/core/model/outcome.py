@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from .envelope import canonical
-from .errors import TaskFailed
+from .errors import TaskCancelled, TaskFailed
 
 
 def succeeded(result: Any, fence: int) -> str:
@@ -20,9 +20,17 @@ def failed(reason: str, error: str | None, entry_id: str) -> str:
     return canonical({"status": "failed", "reason": reason, "error": error, "dlq_id": entry_id})
 
 
+def cancelled(token: str, running: bool) -> str:
+    # The token tells cancel.lua its own record from another call's (a replay).
+    return canonical({"status": "cancelled", "by": token, "running": running})
+
+
 def read(task_id: str, record: str) -> Any:
-    """The task's result, or ``TaskFailed`` when it was dead-lettered."""
+    """The task's result; ``TaskFailed`` when it was dead-lettered, ``TaskCancelled``
+    when it was cancelled."""
     data = json.loads(record)
     if data["status"] == "ok":
         return data["result"]
+    if data["status"] == "cancelled":
+        raise TaskCancelled(task_id)
     raise TaskFailed(task_id, data["reason"], data.get("error"))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..model.envelope import Envelope
+from ..model.timing import NOW, Timing
 from ..store import scripts
 from ..store.keys import KeySpace
 from .admission import Limit
@@ -22,6 +23,7 @@ class StoreResult:
     id_finished: bool = False  # a finished task's outcome, still kept, has this id
     id_in_dlq: bool = False  # a DLQ entry has this id
     refused_for_s: float = 0.0  # > 0: admission control refused it; retry after this
+    scheduled: bool = False  # stored to wait in the schedule index: publish nothing now
 
 
 def _parse_store(reply: list[Any]) -> StoreResult:
@@ -30,8 +32,9 @@ def _parse_store(reply: list[Any]) -> StoreResult:
         return StoreResult(False, "", refused_for_s=int(reply[1]) / 1000)
     task_id = str(reply[1])
     return StoreResult(
-        code == 1, task_id, id_taken=code == -1, id_in_dlq=code == -2, id_finished=code == -4
-    )
+        code == 1, task_id, id_taken=code == -1, id_in_dlq=code == -2, id_finished=code == -4,
+        scheduled=code == 1 and len(reply) > 2 and int(reply[2]) == 1,
+    )  # fmt: skip
 
 
 def store(
@@ -44,19 +47,22 @@ def store(
     message: tuple[str, str] | None = None,
     *,
     token: str | None = None,
+    when: Timing = NOW,
 ) -> scripts.ScriptCall[StoreResult]:
     """push.lua: admit (if limited), claim (if idempotent), store, mint fence 1; with
     ``message`` (the broker's list and the message for it), queue it in the same step.
     ``token`` names this push call (the same for every try of it; a fresh one when
     omitted): :func:`abort` with it undoes the store only if no other call was told
-    "stored"."""
+    "stored". ``when``: a countdown or eta stores the task to wait in the schedule
+    index (``StoreResult.scheduled``; nothing is queued), and an expiry with it."""
     idem = keys.idempotency(envelope.task, envelope.idem_key) if envelope.idem_key else None
     queue_list, payload = message if message is not None else (None, "")
     return scripts.ScriptCall(
         scripts.PUSH,
         keys.for_push(envelope.id, idem, [limit.key for limit in admission], queue_list),
         [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms, max_resurrections,
-         *admission_args(admission), payload, token or uuid.uuid4().hex],
+         *admission_args(admission), payload, token or uuid.uuid4().hex,
+         *when.script_args()],
         _parse_store,
     )  # fmt: skip
 

@@ -29,6 +29,7 @@ from ..model.envelope import Envelope, decode
 from ..model.errors import AdmissionRejected, DuplicateTaskId
 from ..model.idem_key import derive_key
 from ..model.spec import TaskSpec
+from ..model.timing import NOW, Timing
 from ..store import bridge
 from ..store.connection import async_client, sync_client
 from ..store.keys import KeySpace
@@ -62,11 +63,15 @@ def prepare(
     kwargs: Mapping[str, Any],
     task_id: str | None = None,
     queue: str | None = None,
+    idempotency_key: str | None = None,
 ) -> Envelope:
     """Validate the call and build its first envelope (fence 1). Raises ``TypeError``
-    for arguments that do not fit the signature or are not JSON-serialisable."""
+    for arguments that do not fit the signature or are not JSON-serialisable.
+    ``idempotency_key``: this push's own key (a periodic tick's), whatever the task's."""
     arguments.check(spec, args, kwargs)
-    idem = derive_key(spec.idempotency_key, args, kwargs) if spec.idempotent else None
+    idem = idempotency_key
+    if idem is None and spec.idempotent:
+        idem = derive_key(spec.idempotency_key, args, kwargs)
     return Envelope(
         id=task_id or uuid.uuid4().hex,
         task=spec.name,
@@ -91,6 +96,7 @@ class _Push:
     # Names this push call in push.lua and abort.lua; every try of the call (a
     # client retry, an on-commit retry) reuses it.
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    when: Timing = NOW  # countdown / eta / expires: stored to wait in the schedule index
 
     @classmethod
     def begin(
@@ -100,10 +106,13 @@ class _Push:
         kwargs: Mapping[str, Any],
         task_id: str | None,
         queue: str | None = None,
+        when: Timing = NOW,
+        idempotency_key: str | None = None,
     ) -> _Push:
         cfg = config.current()
-        env = prepare(spec, args, kwargs, task_id, queue)
-        return cls(cfg, spec, env, env.encode(cfg.signer), KeySpace(cfg.key_prefix))
+        env = prepare(spec, args, kwargs, task_id, queue, idempotency_key)
+        encoded = env.encode(cfg.signer)
+        return cls(cfg, spec, env, encoded, KeySpace(cfg.key_prefix), when=when)
 
     def store(self, message: tuple[str, str] | None) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
@@ -111,8 +120,9 @@ class _Push:
         limit = self.cfg.max_resurrections if limit is None else limit
         gates = admission.limits(self.keys, self.cfg, self.spec.name, self.spec.admission_limit)
         return idempotency.store(
-            self.keys, self.env, self.encoded, grace_ms, limit, gates, message, token=self.token
-        )
+            self.keys, self.env, self.encoded, grace_ms, limit, gates, message,
+            token=self.token, when=self.when,
+        )  # fmt: skip
 
     def duplicate(self, stored: idempotency.StoreResult) -> Receipt | None:
         """The receipt of an idempotent duplicate, or None when this push was stored."""
@@ -155,10 +165,17 @@ class _Push:
             Redis or broker errors: nothing remains (unless the undo failed too: then
                 the stored copy is re-dispatched after ``QUEUED_GRACE_S``).
         """
-        message = publish.message_for_store(app, self.env, self.encoded, client)
-        if (dup := self.duplicate(self.store(message).run(client))) is not None:
+        # A delayed push waits in the schedule index: no message now (the scanner
+        # leader publishes it when due).
+        message = (
+            None
+            if self.when.delayed
+            else publish.message_for_store(app, self.env, self.encoded, client)
+        )
+        stored = self.store(message).run(client)
+        if (dup := self.duplicate(stored)) is not None:
             return dup
-        if message is None:
+        if message is None and not stored.scheduled:
             try:
                 publish.send(app, self.env, self.encoded)
             except BaseException:
@@ -168,10 +185,13 @@ class _Push:
 
     async def asend_now(self, app: Any, client: Any) -> Receipt:
         """:meth:`send_now` for async code."""
-        message = await publish.amessage_for_store(app, self.env, self.encoded, client)
-        if (dup := self.duplicate(await self.store(message).arun(client))) is not None:
+        message = None
+        if not self.when.delayed:
+            message = await publish.amessage_for_store(app, self.env, self.encoded, client)
+        stored = await self.store(message).arun(client)
+        if (dup := self.duplicate(stored)) is not None:
             return dup
-        if message is None:
+        if message is None and not stored.scheduled:
             try:
                 await publish.asend(app, self.env, self.encoded)
             except BaseException:
@@ -207,6 +227,8 @@ def push(
     *,
     task_id: str | None = None,
     queue: str | None = None,
+    when: Timing = NOW,
+    idempotency_key: str | None = None,
     on_commit: bool = True,
     using: str | None = None,
 ) -> Receipt:
@@ -217,7 +239,7 @@ def push(
             f"block; use `await {spec.name.rsplit('.', 1)[-1]}.apush(...)` instead"
         )
     # Validation comes first, inside the caller's transaction: bad input raises now.
-    p = _Push.begin(spec, args, kwargs, task_id, queue)
+    p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key)
     # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).
     hook = _transaction_hook if on_commit else None
     if (diverted := eager.divert(spec, app, p.env, p.cfg, hook, using)) is not None:
@@ -235,6 +257,8 @@ async def apush(
     *,
     task_id: str | None = None,
     queue: str | None = None,
+    when: Timing = NOW,
+    idempotency_key: str | None = None,
     on_commit: bool = True,
     using: str | None = None,
 ) -> Receipt:
@@ -248,7 +272,7 @@ async def apush(
     ``asyncio.run``) is not the coroutine's, and ``push()`` in that sync code is the
     call that waits for it.
     """
-    p = _Push.begin(spec, args, kwargs, task_id, queue)
+    p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key)
     hook = _transaction_hook if on_commit else None
     if (diverted := await eager.adivert(spec, app, p.env, p.cfg, hook, using)) is not None:
         return diverted
@@ -259,20 +283,23 @@ async def apush(
 
 @dataclass(frozen=True, slots=True)
 class PushWith:
-    """``task.push_with(on_commit=..., using=...)``: options for one push, kept apart
-    from the task's own arguments so that no task parameter name is ever reserved.
+    """``task.push_with(on_commit=..., using=..., countdown=..., eta=..., expires=...)``:
+    options for one push, kept apart from the task's own arguments so that no task
+    parameter name is ever reserved.
 
     Attributes:
         on_commit: inside a transaction, wait for its commit (the default); False
             sends at once, even inside one.
         using: the database alias whose transaction to wait for; ``None`` is Django's
             default database.
+        when: the countdown, eta and expiry (see ``model.timing.timing``).
     """
 
     spec: TaskSpec = field(repr=False)
     app: Any = field(repr=False)
     on_commit: bool = True
     using: str | None = None
+    when: Timing = NOW
 
     def __post_init__(self) -> None:
         if not isinstance(self.on_commit, bool):
@@ -287,13 +314,17 @@ class PushWith:
 
     def push(self, *args: Any, **kwargs: Any) -> Receipt:
         """Like ``task.push(*args, **kwargs)``, with these options."""
-        return push(self.spec, self.app, args, kwargs, on_commit=self.on_commit, using=self.using)
+        return push(
+            self.spec, self.app, args, kwargs, when=self.when, on_commit=self.on_commit,
+            using=self.using,
+        )  # fmt: skip
 
     async def apush(self, *args: Any, **kwargs: Any) -> Receipt:
         """Like ``await task.apush(*args, **kwargs)``, with these options."""
         return await apush(
-            self.spec, self.app, args, kwargs, on_commit=self.on_commit, using=self.using
-        )
+            self.spec, self.app, args, kwargs, when=self.when, on_commit=self.on_commit,
+            using=self.using,
+        )  # fmt: skip
 
 
 def replay(app: Any, envelope: str) -> Receipt:

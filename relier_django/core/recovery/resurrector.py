@@ -11,7 +11,7 @@ DLQ instead. A batch costs two round trips to the store and one to the broker, n
 three per task. Up to ``LEASE_AHEAD`` batches are leased one call after the other
 before any of them is published, and recorded one call after the other once all are.
 
-:class:`Scanner` runs passes while it holds the leader lease, so of all the
+``scanner.Scanner`` runs passes while it holds the leader lease, so of all the
 resurrectors running (one per worker, plus any standalone) one scans at a time; the
 script re-checks and moves each task's deadline as it leases it, so even two
 concurrent passes re-dispatch each task once.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 import uuid
 from collections import Counter
@@ -357,58 +356,3 @@ class Resurrector:
             logger.error("dead-lettered task_id=%s reason=resurrection_limit", env.id)
             return "dead_lettered"
         return "skipped"
-
-
-class Scanner:
-    """Runs resurrector passes while holding the leader lease."""
-
-    def __init__(self, app: Any, config: Config, scanner_id: str) -> None:
-        self.resurrector = Resurrector(app, config, scanner_id)
-        self.config = config
-        self.scanner_id = scanner_id
-        self._stop = threading.Event()
-
-    def is_leader(self) -> bool:
-        """Acquire or extend the lease; True while this scanner holds it."""
-        keys = self.resurrector.keys
-        ttl_ms = int(self.config.leader_lease_ttl_s * 1000)
-        return scripts.ScriptCall(
-            scripts.LEADER, keys.for_leader(), [self.scanner_id, ttl_ms], lambda r: bool(int(r))
-        ).run(self.resurrector.client)
-
-    def release(self) -> None:
-        keys = self.resurrector.keys
-        scripts.ScriptCall(
-            scripts.LEADER_RELEASE, keys.for_leader(), [self.scanner_id], lambda r: bool(int(r))
-        ).run(self.resurrector.client)
-
-    def tick(self) -> PassReport | None:
-        """One pass if this scanner leads, else None."""
-        if not self.is_leader():
-            return None
-        return self.resurrector.run_pass()
-
-    def run(self, interval_s: float | None = None, once: bool = False) -> None:
-        """Scan until :meth:`stop` (or once). Errors are logged; the loop goes on."""
-        interval = self.config.scan_interval_s if interval_s is None else interval_s
-        try:
-            while True:
-                try:
-                    self.tick()
-                except Exception:
-                    logger.exception("resurrector pass failed scanner=%s", self.scanner_id)
-                if once or self._stop.wait(interval):
-                    return
-        finally:
-            try:
-                self.release()
-            except Exception:
-                logger.warning("could not release the leader lease", exc_info=True)
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def start_thread(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="relier-resurrector", daemon=True)
-        thread.start()
-        return thread

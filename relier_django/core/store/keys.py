@@ -11,11 +11,15 @@ returns its KEYS in the order its ``.lua`` header declares.
 | ``<p>:i:<task>:<sha256>``   | string | idempotency claim -> task id; TTL set at commit, CAD'd  |
 | ``<p>:adm:all``, ``:adm:t:<task>`` | string | push admission counters; TTL: rest of window |
 | ``<p>:expiry``              | zset   | task id -> deadline (ms, Redis clock); the scan index   |
+| ``<p>:sched``               | zset   | scheduled task id -> due time (ms, Redis clock)         |
+| ``<p>:sched:wake``          | list   | the earliest due time, to wake the scanner leader (1 el.)|
 | ``<p>:dlq``                 | zset   | DLQ entry id -> dead-lettered at (ms): the time index   |
 | ``<p>:dlq:e:{id}``          | hash   | one DLQ entry; deleted only by release, delete, purge   |
 | ``<p>:dlq:x``               | zset   | DLQ lex index for filtered, cursor-paged listings       |
 | ``<p>:dlq:n``               | hash   | DLQ counts by task, by reason, by both                  |
 | ``<p>:resurrector:leader``  | string | scanner leader lease; TTL, extended by its holder       |
+| ``<p>:periodic``            | hash   | periodic entry -> last tick handled (ms); no TTL, owned |
+| ``<p>:periodic:claims``     | hash   | entry -> '<tick>:<deadline>:<token>' while it pushes  |
 | ``<p>:lock:{name}``         | string | a named lock's holder token; TTL, extended by its holder |
 | ``<p>:lock:{name}:token``   | string | a named lock's fencing counter; no TTL, never goes back  |
 | ``<p>:lock:{name}:by``      | string | attempt id that took the current token; TTL one lock TTL |
@@ -62,6 +66,14 @@ class KeySpace:
         return f"{self.prefix}:expiry"
 
     @property
+    def schedule(self) -> str:
+        return f"{self.prefix}:sched"
+
+    @property
+    def schedule_wake(self) -> str:
+        return f"{self.prefix}:sched:wake"
+
+    @property
     def dlq(self) -> str:
         return f"{self.prefix}:dlq"
 
@@ -79,6 +91,15 @@ class KeySpace:
     @property
     def leader(self) -> str:
         return f"{self.prefix}:resurrector:leader"
+
+    @property
+    def periodic(self) -> str:
+        # One field per beat_schedule entry (its name): the last tick handled.
+        return f"{self.prefix}:periodic"
+
+    @property
+    def periodic_claims(self) -> str:
+        return f"{self.prefix}:periodic:claims"
 
     def lock(self, name: str) -> str:
         return f"{self.prefix}:lock:{{{name}}}"
@@ -126,6 +147,8 @@ class KeySpace:
         none by design (a token must never go back)."""
         return (
             self.dlq, self.dlq_entry("*"), self.dlq_lex, self.dlq_counts, self.leader,
+            self.periodic, self.periodic_claims,
+            self.schedule_wake,
             self.lock("*"), self.lock_token("*"),
         )  # fmt: skip
 
@@ -140,7 +163,7 @@ class KeySpace:
         """``queue_list``: the broker's list (kombu's name, not ours) when push.lua queues
         the message itself."""
         keys = [self.task(task_id), self.history(task_id), self.expiry, self.dlq_entry(task_id),
-                self.result(task_id), *admission]  # fmt: skip
+                self.result(task_id), self.schedule, self.schedule_wake, *admission]  # fmt: skip
         if idem_key:
             keys.append(idem_key)
         return [*keys, queue_list] if queue_list else keys
@@ -166,7 +189,19 @@ class KeySpace:
         return [self.task(task_id)]
 
     def for_retry(self, task_id: str) -> list[str]:
-        return [self.task(task_id), self.history(task_id), self.expiry]
+        return [self.task(task_id), self.history(task_id), self.expiry, self.schedule,
+                self.schedule_wake]  # fmt: skip
+
+    def for_cancel(self, task_id: str, idem_key: str | None) -> list[str]:
+        keys = [self.task(task_id), self.history(task_id), self.expiry, self.schedule,
+                self.result(task_id)]  # fmt: skip
+        return [*keys, idem_key] if idem_key else keys
+
+    def for_schedule_take(self, task_ids: Iterable[str]) -> list[str]:
+        return [self.schedule, self.expiry, *(self.task(t) for t in task_ids)]
+
+    def for_schedule_sent(self, task_ids: Iterable[str]) -> list[str]:
+        return [self.expiry, *(self.task(t) for t in task_ids)]
 
     def for_resurrect(self, task_ids: Iterable[str]) -> list[str]:
         """The expiry index, then each task's hash and history (a batch script)."""
@@ -180,6 +215,12 @@ class KeySpace:
 
     def for_leader(self) -> list[str]:
         return [self.leader]
+
+    def for_tick(self) -> list[str]:
+        return [self.periodic, self.periodic_claims]
+
+    def for_tick_done(self) -> list[str]:
+        return [self.periodic, self.periodic_claims]
 
     def for_lock_acquire(self, name: str) -> list[str]:
         return [self.lock(name), self.lock_token(name), self.lock_by(name)]

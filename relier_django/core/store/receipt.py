@@ -25,8 +25,9 @@ from celery import states
 from ..model import config as config_mod
 from ..model import outcome
 from ..model.config import Config
-from ..model.errors import RelierError, TaskFailed
+from ..model.errors import RelierError, TaskCancelled, TaskFailed
 from . import bridge
+from .cancel import Cancelled, acancel, cancel
 from .connection import async_client, sync_client
 from .keys import KeySpace
 
@@ -208,6 +209,15 @@ class Receipt:
             )
         return KeySpace(self.config.key_prefix).result(dispatch.duplicate_of or self._task_id)
 
+    def cancel(self) -> Cancelled:
+        """Cancel this task (see :func:`relier_django.cancel`): removed if it has not
+        started, fenced off if it runs; ``get()`` then raises ``TaskCancelled``."""
+        return cancel(self._config, self._task_id)
+
+    async def acancel(self) -> Cancelled:
+        """Async twin of :meth:`cancel`."""
+        return await acancel(self._config, self._task_id)
+
     def get(self, timeout: float | None = None) -> Any:
         """Wait for the committed result (of the task holding the key, for a duplicate).
 
@@ -325,6 +335,8 @@ def _status(task_id: str, replies: Sequence[Any]) -> TaskStatus:
     if record is not None:
         try:
             return TaskStatus(task_id, states.SUCCESS, outcome.read(task_id, record))
+        except TaskCancelled as exc:
+            return TaskStatus(task_id, states.REVOKED, exc)
         except TaskFailed as exc:
             return _failed(exc, entry)
     if state == "running":

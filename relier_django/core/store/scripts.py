@@ -109,13 +109,18 @@ HANDOFF = _load("handoff")  # worker.fencing: give tasks up on SIGTERM or a dead
 CHECKPOINT = _load("checkpoint")  # store.checkpoint: a running incarnation's checkpoint
 RESURRECT = _load("resurrect")  # recovery.resurrector: lease expired tasks, fence + 1
 RESURRECTED = _load("resurrected")  # recovery.resurrector: count what the broker took
-LEADER = _load("leader")  # recovery.resurrector: the scanner lease
-LEADER_RELEASE = _load("leader_release")  # recovery.resurrector: give the lease up
+LEADER = _load("leader")  # recovery.scanner: the leader lease
+LEADER_RELEASE = _load("leader_release")  # recovery.scanner: give the lease up
 DEAD_LETTER = _load("dead_letter")  # dlq.dead_letter: file a failure
 RELEASE = _load("release")  # dlq.release: re-create an entry's task
 RELEASE_DONE = _load("release_done")  # dlq.release: the broker took it
 RELEASE_ABORT = _load("release_abort")  # dlq.release: the broker refused it
 DLQ_DELETE = _load("dlq_delete")  # dlq.store: delete and purge
+TICK = _load("tick")  # schedule.periodic: claim a periodic tick
+TICK_DONE = _load("tick_done")  # schedule.periodic: record a tick handled
+SCHEDULE_TAKE = _load("schedule_take")  # schedule.dispatch: lease the due tasks
+SCHEDULE_SENT = _load("schedule_sent")  # schedule.dispatch: the broker took them
+CANCEL = _load("cancel")  # store.cancel: take a task back, or fence off its run
 LOCK_ACQUIRE = _load("lock_acquire")  # extras.lock
 LOCK_EXTEND = _load("lock_extend")  # extras.lock
 LOCK_RELEASE = _load("lock_release")  # extras.lock
@@ -126,10 +131,13 @@ OWNERS: dict[LuaScript, str] = {
     START: "worker.fencing", HEARTBEAT: "worker.fencing", COMMIT: "worker.fencing",
     RETRY: "worker.fencing", HANDOFF: "worker.fencing", CHECKPOINT: "store.checkpoint",
     RESURRECT: "recovery.resurrector", RESURRECTED: "recovery.resurrector",
-    LEADER: "recovery.resurrector", LEADER_RELEASE: "recovery.resurrector",
+    LEADER: "recovery.scanner", LEADER_RELEASE: "recovery.scanner",
     DEAD_LETTER: "dlq.dead_letter", RELEASE: "dlq.release", RELEASE_DONE: "dlq.release",
     RELEASE_ABORT: "dlq.release", DLQ_DELETE: "dlq.store", LOCK_ACQUIRE: "extras.lock",
     LOCK_EXTEND: "extras.lock", LOCK_RELEASE: "extras.lock", RATELIMIT: "extras.ratelimit",
+    TICK: "schedule.periodic", TICK_DONE: "schedule.periodic",
+    SCHEDULE_TAKE: "schedule.dispatch", SCHEDULE_SENT: "schedule.dispatch",
+    CANCEL: "store.cancel",
 }  # fmt: skip
 
 ALL: tuple[LuaScript, ...] = tuple(OWNERS)

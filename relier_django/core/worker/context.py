@@ -10,6 +10,7 @@ import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from ..model.errors import TaskLost
@@ -26,6 +27,8 @@ class TaskContext:
         resurrections: how many times the task was re-dispatched after a worker died.
         task_name: the task's full dotted name.
         worker: ``hostname:pid`` of the process running this incarnation.
+        scheduled_at: when the task was due, timezone-aware (UTC): a countdown's or an
+            eta's due time, a periodic tick's time; ``None`` for a task pushed to run now.
     """
 
     task_id: str
@@ -34,6 +37,7 @@ class TaskContext:
     resurrections: int
     task_name: str
     worker: str
+    scheduled_at: datetime | None = None
     _lost: threading.Event = field(default_factory=threading.Event, repr=False)
     # Set by the runner: the latest checkpoint, and how to store a new one.
     _partial: Any = field(default=None, repr=False)

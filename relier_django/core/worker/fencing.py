@@ -20,14 +20,16 @@ from ..store.keys import KeySpace
 @dataclass(frozen=True, slots=True)
 class StartResult:
     started: bool
-    refusal: str = ""  # 'gone' | 'stale' | 'started'; '' when started
+    refusal: str = ""  # 'gone' | 'stale' | 'started' | 'expired'; '' when started
     current_fence: int = -1
     checkpoint: str = ""  # the task's latest checkpoint record, '' if none
+    due_ms: int | None = None  # when it was due (countdown, eta, periodic tick), epoch ms
 
 
 def _parse_start(reply: list[Any]) -> StartResult:
     checkpoint = str(reply[3]) if len(reply) > 3 else ""
-    return StartResult(int(reply[0]) == 1, str(reply[1]), int(reply[2]), checkpoint)
+    due = int(reply[4]) if len(reply) > 4 and reply[4] != "" else None
+    return StartResult(int(reply[0]) == 1, str(reply[1]), int(reply[2]), checkpoint, due)
 
 
 def start(

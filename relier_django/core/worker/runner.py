@@ -24,6 +24,7 @@ import logging
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from ..broker import publish
@@ -148,8 +149,10 @@ class Runner:
     def _blocking_incarnation(self, spec: TaskSpec, env: Envelope) -> Ended:
         started = self._start_call(env).run(sync_client(self.config))
         if not started.started:
+            if started.refusal == "expired":
+                return bridge.run(self._expired(env))
             return self._refused(env, started)
-        ctx = self._context(env, bridge.loop())
+        ctx = self._context(env, bridge.loop(), started)
         beats = heartbeat.for_loop(bridge.loop(), self.config)
         beats.add(env.id, env.fence, ctx.mark_lost)
         result: Any = None
@@ -191,19 +194,32 @@ class Runner:
         )
         return Ended(Ending.REFUSED, env.id, detail=f"start refused: {started.refusal}")
 
-    def _context(self, env: Envelope, loop: asyncio.AbstractEventLoop) -> TaskContext:
+    def _context(
+        self, env: Envelope, loop: asyncio.AbstractEventLoop, started: StartResult
+    ) -> TaskContext:
         # The envelope is this incarnation's own checksummed record; the task hash's
         # counters may lag it (resurrected.lua counts only after the broker's ACK).
         ctx = TaskContext(env.id, env.fence, env.attempt, env.resurrections, env.task, self.worker)
+        if started.due_ms is not None:
+            ctx.scheduled_at = datetime.fromtimestamp(started.due_ms / 1000, tz=UTC)
         ctx._loop, ctx._save = loop, self._saver(ctx, env)
         return ctx
+
+    async def _expired(self, env: Envelope) -> Ended:
+        # Its expires= time passed before any start: filed, never run (G11).
+        failure = Failure(
+            Reason.EXPIRED, None, "it was not started before its expiry", worker=self.worker
+        )
+        return await self._dead(env, failure, held="queued")
 
     async def _incarnation(self, spec: TaskSpec, env: Envelope) -> Ended:
         started = await self._start_call(env).arun(self.client)
         if not started.started:
+            if started.refusal == "expired":
+                return await self._expired(env)
             return self._refused(env, started)
         loop = asyncio.get_running_loop()
-        ctx = self._context(env, loop)
+        ctx = self._context(env, loop, started)
         beats = heartbeat.for_running_loop(self.config)
         work = loop.create_task(self._invoke(spec, ctx, env, started.checkpoint))
 
@@ -428,6 +444,10 @@ class Runner:
         logger.info(
             "retrying task_id=%s attempt=%s in %.2fs after %s", env.id, nxt.attempt, delay_s, error
         )
+        if stored.state == "scheduled":
+            # It waits in the schedule index, in no worker's memory: the scanner leader
+            # publishes it when due.
+            return Ended(Ending.RETRIED, env.id, error=exc, detail=error, delay_s=delay_s)
         try:
             await publish.asend(self.app, nxt, encoded, delay_s)
         except Exception:

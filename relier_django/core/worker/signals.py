@@ -36,7 +36,7 @@ from celery import signals
 from ..model import config
 from ..model.envelope import decode
 from ..model.errors import EnvelopeError
-from ..recovery.resurrector import Scanner
+from ..recovery.scanner import Scanner
 from ..store import bridge
 from ..store.connection import describe, sync_client
 from ..store.keys import KeySpace

@@ -11,7 +11,7 @@ from celery import current_app
 from django.core.management.base import BaseCommand, CommandError
 
 from relier_django import conf
-from relier_django.core.recovery.resurrector import Scanner
+from relier_django.core.recovery.scanner import Scanner
 from relier_django.core.store.connection import describe
 
 

@@ -7,8 +7,10 @@
 -- KEYS[3]  expiry index (zset)  <p>:expiry
 -- KEYS[4]  DLQ entry hash       <p>:dlq:e:{id}
 -- KEYS[5]  outcome (result) key <p>:r:{id}
--- KEYS[6..5+n]  admission counters (n = ARGV[7]; global, per task), see _admission.lua
--- KEYS[6+n]     idempotency key <p>:i:<task>:<sha256>   (only for idempotent tasks)
+-- KEYS[6]  schedule index (zset) <p>:sched: task id -> due time, ms (Redis clock)
+-- KEYS[7]  the scheduler's wake-up list <p>:sched:wake (one element at most)
+-- KEYS[8..7+n]  admission counters (n = ARGV[7]; global, per task), see _admission.lua
+-- KEYS[8+n]     idempotency key <p>:i:<task>:<sha256>   (only for idempotent tasks)
 -- KEYS[#KEYS]   the broker's queue list (only with ARGV[8+2n]; kombu's Redis transport)
 -- ARGV[1]  task id
 -- ARGV[2]  envelope, canonical JSON, fence 1
@@ -28,7 +30,15 @@
 --             in the hash (field 'push:<token>', count 'pushers'), so that abort.lua
 --             undoes a store only when no other call that was told "stored" (an
 --             identical replay() running beside it) still counts on it.
--- RETURNS  {1, id}        stored, fence 1 minted
+-- ARGV[10+2n] countdown, ms, or '': the task is due that long after now (Redis clock)
+-- ARGV[11+2n] eta, epoch ms, or '': the task is due then (overrides the countdown)
+-- ARGV[12+2n] expires after, ms from now, or ''; ARGV[13+2n] expires at, epoch ms, or ''
+--             A task not started by then is dead-lettered (reason expired), never run.
+-- A task due later than now is stored 'scheduled' in the schedule index instead of the
+-- expiry index, and not queued (the message, if given, is not pushed): the scanner
+-- leader dispatches it when due (G11). The earliest due time wakes the leader.
+-- RETURNS  {1, id, scheduled}  stored, fence 1 minted; scheduled: 1 when it waits in the
+--                        schedule index (the caller publishes nothing), else 0
 --          {0, other_id}  idempotent duplicate: other_id holds the claim
 --          {-1, id}       a task with this id already exists (caller-chosen id reused)
 --          {-2, id}       a DLQ entry holds this id: release or delete it first (an
@@ -46,6 +56,8 @@ local id = ARGV[1]
 local n = tonumber(ARGV[7] or '0')
 local message = ARGV[8 + 2 * n]
 local pusher = 'push:' .. ARGV[9 + 2 * n]
+local countdown, eta = tonumber(ARGV[10 + 2 * n] or ''), tonumber(ARGV[11 + 2 * n] or '')
+local expires_in, expires_at = tonumber(ARGV[12 + 2 * n] or ''), tonumber(ARGV[13 + 2 * n] or '')
 local last = #KEYS
 local queue_list
 if message and message ~= '' then
@@ -53,16 +65,16 @@ if message and message ~= '' then
   last = last - 1
 end
 local idem
-if last >= 6 + n then
-  idem = KEYS[6 + n]
+if last >= 8 + n then
+  idem = KEYS[8 + n]
 end
-local existing = redis.call('HGET', KEYS[1], 'env')
-if existing then
-  if existing == ARGV[2] then
+local existing = redis.call('HMGET', KEYS[1], 'env', 'state')
+if existing[1] then
+  if existing[1] == ARGV[2] then
     if redis.call('HSETNX', KEYS[1], pusher, 1) == 1 then
       redis.call('HINCRBY', KEYS[1], 'pushers', 1)
     end
-    return {1, id}
+    return {1, id, existing[2] == 'scheduled' and 1 or 0}
   end
   return {-1, id}
 end
@@ -79,11 +91,11 @@ if idem then
   end
 end
 if n > 0 then
-  local wait = admission_wait_ms(6, n, 8)
+  local wait = admission_wait_ms(8, n, 8)
   if wait > 0 then
     return {-3, wait}
   end
-  admission_count(6, n, 8)
+  admission_count(8, n, 8)
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -91,12 +103,30 @@ if idem then
   -- No TTL while unfinished: commit gives it one, failure deletes it (compare-and-delete).
   redis.call('SET', idem, id)
 end
+local due = eta or (countdown and now_ms + countdown)
+local scheduled = due ~= nil and due > now_ms
 redis.call('HSET', KEYS[1],
-  'env', ARGV[2], 'fence', 1, 'state', 'queued', 'attempt', 1, 'res', 0,
-  'name', ARGV[3], 'queue', ARGV[4], 'idem', idem or '', 'created_ms', now_ms,
+  'env', ARGV[2], 'fence', 1, 'state', scheduled and 'scheduled' or 'queued', 'attempt', 1,
+  'res', 0, 'name', ARGV[3], 'queue', ARGV[4], 'idem', idem or '', 'created_ms', now_ms,
   'maxres', ARGV[6], 'pushers', 1, pusher, 1)
+if due then
+  redis.call('HSET', KEYS[1], 'due_ms', due)
+end
+local expires = expires_at or (expires_in and now_ms + expires_in)
+if expires then
+  redis.call('HSET', KEYS[1], 'expires_ms', expires)
+end
+if scheduled then
+  redis.call('ZADD', KEYS[6], due, id)
+  -- The new earliest due time: wake the leader, which sleeps until the one it knew.
+  if redis.call('ZRANGE', KEYS[6], 0, 0)[1] == id then
+    redis.call('DEL', KEYS[7])
+    redis.call('LPUSH', KEYS[7], due)
+  end
+  return {1, id, 1}
+end
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[5]), id)
 if queue_list then
   redis.call('LPUSH', queue_list, message)
 end
-return {1, id}
+return {1, id, 0}

@@ -3,6 +3,7 @@
 -- G2 (the failed incarnation's fence is dead from here on).
 --
 -- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
+-- KEYS[4]  schedule index   KEYS[5]  the scheduler's wake-up list
 -- ARGV[1]  task id
 -- ARGV[2]  fence of the failed incarnation (must be current)
 -- ARGV[3]  the next envelope, canonical JSON, carrying fence ARGV[2] + 1
@@ -10,7 +11,10 @@
 -- ARGV[5]  queued grace, ms (as in push.lua)
 -- ARGV[6]  history event: JSON object without its opening brace (see start.lua)
 -- ARGV[7]  request token: unique per call, the same in a replay of it
--- RETURNS  {1, new_fence}         the next incarnation is stored; send it now (a replay
+-- With a countdown, the next incarnation waits in the schedule index ('scheduled'), not
+-- in a worker's memory as a countdown message: the scanner leader dispatches it (G11).
+-- RETURNS  {1, new_fence, state}  the next incarnation is stored: 'queued', send it now;
+--                                 'scheduled', send nothing (a replay
 --                                 of this call after a lost reply, found by its token,
 --                                 answers the same, so the retry is still sent)
 --          {0, current_fence}     rejected: the fence moved (-1: the task is gone)
@@ -18,7 +22,8 @@ local id = ARGV[1]
 local fields = redis.call('HMGET', KEYS[1], 'fence', 'state', 'retry_req')
 if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
   if fields[3] == ARGV[7] and tonumber(fields[1]) == tonumber(ARGV[2]) + 1 then
-    return {1, tonumber(fields[1])}
+    local was = redis.call('HGET', KEYS[1], 'retry_state')
+    return {1, tonumber(fields[1]), was or 'queued'}
   end
   return {0, tonumber(fields[1]) or -1}
 end
@@ -26,8 +31,21 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-redis.call('HSET', KEYS[1], 'env', ARGV[3], 'state', 'queued', 'worker', '',
-  'retry_req', ARGV[7])
-redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]) + tonumber(ARGV[5]), id)
+local delay = tonumber(ARGV[4])
+local state = delay > 0 and 'scheduled' or 'queued'
+redis.call('HSET', KEYS[1], 'env', ARGV[3], 'state', state, 'worker', '',
+  'retry_req', ARGV[7], 'retry_state', state)
 redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[6])
-return {1, fence}
+if state == 'scheduled' then
+  local due = now_ms + delay
+  redis.call('HSET', KEYS[1], 'due_ms', due)
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZADD', KEYS[4], due, id)
+  if redis.call('ZRANGE', KEYS[4], 0, 0)[1] == id then
+    redis.call('DEL', KEYS[5])
+    redis.call('LPUSH', KEYS[5], due)
+  end
+else
+  redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[5]), id)
+end
+return {1, fence, state}

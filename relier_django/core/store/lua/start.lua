@@ -13,8 +13,12 @@
 -- ARGV[5]  history event: a JSON object without its opening brace; the script
 --          prefixes {"at_ms":<server time>,
 -- ARGV[6]  run token: unique per start attempt, the same in a replay of it
--- RETURNS  {1, '', fence, checkpoint}        started; checkpoint: the task's latest
---                                          (ctx.set_partial) record, or '' if none
+-- RETURNS  {1, '', fence, checkpoint, due_ms}  started; checkpoint: the task's latest
+--                                          (ctx.set_partial) record, or '' if none;
+--                                          due_ms: when it was due (a countdown, an eta,
+--                                          a periodic tick), '' when pushed to run now
+--          {0, 'expired', fence}          its expiry passed before it started: the
+--                                          caller dead-letters it (expired), never runs it
 --          {0, 'gone', -1}                no such task (finished, dead-lettered, never stored)
 --          {0, 'stale', current_fence}    the fence has moved on
 --          {0, 'started', current_fence}  this incarnation already started elsewhere
@@ -26,17 +30,21 @@ end
 if current ~= ARGV[2] then
   return {0, 'stale', tonumber(current)}
 end
-local state, run = unpack(redis.call('HMGET', KEYS[1], 'state', 'run'))
+local state, run, due, expires = unpack(redis.call('HMGET', KEYS[1], 'state', 'run',
+  'due_ms', 'expires_ms'))
 if state ~= 'queued' then
   if state == 'running' and run == ARGV[6] then
-    return {1, '', tonumber(current), partial or ''}
+    return {1, '', tonumber(current), partial or '', due or ''}
   end
   return {0, 'started', tonumber(current)}
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if expires and tonumber(expires) < now_ms then
+  return {0, 'expired', tonumber(current)}
+end
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[3], 'started_ms', now_ms,
   'run', ARGV[6])
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]), id)
 redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[5])
-return {1, '', tonumber(current), partial or ''}
+return {1, '', tonumber(current), partial or '', due or ''}

@@ -1,0 +1,47 @@
+"""A ``celery beat`` scheduler for a project whose schedule holds ``@rl_task`` entries.
+
+``CELERY_BEAT_SCHEDULER = "relier_django.beat:Scheduler"`` (or ``celery beat -S
+relier_django.beat:Scheduler``): beat runs the plain Celery entries as it always does,
+and fires the ``@rl_task`` ones through relier's claims instead of its own
+``apply_async``, as a scanner does (``core.schedule.periodic.fire_due``). So any number
+of beats, workers and resurrectors fire each tick of those entries exactly once, and a
+beat alone (no worker up at the tick) still fires them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.beat import PersistentScheduler
+
+from .core.model import config
+from .core.schedule import periodic
+from .core.store.connection import sync_client
+
+logger = logging.getLogger("relier_django.beat")
+
+
+class Scheduler(PersistentScheduler):
+    """Celery's persistent scheduler, with ``@rl_task`` entries fired by relier."""
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> Any:
+        if _is_relier(self.app, entry.task):
+            return None  # fired, claimed and recorded by fire_due() in tick()
+        return super().apply_entry(entry, producer=producer)
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        wait_s = float(super().tick(*args, **kwargs))
+        try:
+            cfg = config.current()
+            seconds, micros = sync_client(cfg).time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            next_ms = periodic.fire_due(self.app, cfg, now_ms)
+            wait_s = min(wait_s, max(0.0, (next_ms - now_ms) / 1000))
+        except Exception:
+            logger.exception("firing relier's periodic entries failed; retried next tick")
+        return wait_s
+
+
+def _is_relier(app: Any, name: str) -> bool:
+    return hasattr(app.tasks.get(name), "relier_spec")

@@ -1,0 +1,132 @@
+"""The scanner: the leader-elected loop that runs the resurrector's passes and
+dispatches the schedule's due tasks.
+
+Every worker's main process runs one (``EMBEDDED_RESURRECTOR``), and so does
+``manage.py relier_resurrector``; ``leader.lua`` lets one of them lead at a time. The
+leader runs a resurrector pass every ``SCAN_INTERVAL_S`` and, between passes, sleeps
+until the earliest scheduled task is due (``schedule.dispatch``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from ..model.config import Config
+from ..schedule import periodic
+from ..schedule.dispatch import Dispatcher
+from ..store import scripts
+from .resurrector import PassReport, Resurrector
+
+logger = logging.getLogger("relier_django.resurrector")
+
+# Longest single block on the wake-up list: below any sane socket timeout.
+_MAX_BLOCK_S = 1.0
+# Shortest: a task overdue but not taken yet is retried after this, not in a busy loop.
+_MIN_BLOCK_S = 0.005
+# Below this, wait on the local clock (see _sleep): more than one Redis clock tick.
+_LOCAL_WAIT_S = 0.15
+
+
+class Scanner:
+    """Runs resurrector passes and dispatches due scheduled tasks while it holds the
+    leader lease."""
+
+    def __init__(self, app: Any, config: Config, scanner_id: str) -> None:
+        self.app = app
+        self.resurrector = Resurrector(app, config, scanner_id)
+        self.dispatcher = Dispatcher(app, config, scanner_id)
+        self.config = config
+        self.scanner_id = scanner_id
+        self._stop = threading.Event()
+        self._leads = False  # as of the last pass
+
+    def is_leader(self) -> bool:
+        """Acquire or extend the lease; True while this scanner holds it."""
+        keys = self.resurrector.keys
+        ttl_ms = int(self.config.leader_lease_ttl_s * 1000)
+        return scripts.ScriptCall(
+            scripts.LEADER, keys.for_leader(), [self.scanner_id, ttl_ms], lambda r: bool(int(r))
+        ).run(self.resurrector.client)
+
+    def release(self) -> None:
+        keys = self.resurrector.keys
+        scripts.ScriptCall(
+            scripts.LEADER_RELEASE, keys.for_leader(), [self.scanner_id], lambda r: bool(int(r))
+        ).run(self.resurrector.client)
+
+    def tick(self) -> PassReport | None:
+        """One pass if this scanner leads, else None: due scheduled tasks are
+        dispatched, then expired ones resurrected."""
+        if not self.is_leader():
+            return None
+        self._guarded(self.dispatcher.run_due, "scheduled dispatch")
+        return self.resurrector.run_pass()
+
+    def run(self, interval_s: float | None = None, once: bool = False) -> None:
+        """Scan until :meth:`stop` (or once). Errors are logged; the loop goes on.
+
+        The leader sleeps until the next scheduled task is due when that comes before
+        the next pass (woken early by a push that makes a new earliest due time), and
+        dispatches it then; the resurrector keeps its interval."""
+        interval = self.config.scan_interval_s if interval_s is None else interval_s
+        try:
+            next_pass = 0.0
+            while True:
+                if time.monotonic() >= next_pass:
+                    next_pass = time.monotonic() + interval
+                    self._leads = self._guarded(self.tick, "resurrector pass") is not None
+                elif self._leads:
+                    self._guarded(self.dispatcher.run_due, "scheduled dispatch")
+                # Every scanner fires periodic ticks (each tick is claimed, so it fires
+                # once): the leader on time, the others within a pass if it died.
+                tick_in = self._guarded(self._fire_periodic, "periodic ticks")
+                if once or self._sleep(max(0.0, next_pass - time.monotonic()), tick_in):
+                    return
+        finally:
+            try:
+                self.release()
+            except Exception:
+                logger.warning("could not release the leader lease", exc_info=True)
+
+    def _guarded(self, step: Any, what: str) -> Any:
+        try:
+            return step()
+        except Exception:
+            logger.exception("%s failed scanner=%s", what, self.scanner_id)
+            return None
+
+    def _fire_periodic(self) -> float:
+        """Fire the due periodic ticks; seconds until the next one."""
+        now_ms = self.dispatcher.now_ms()
+        return max(0.0, (periodic.fire_due(self.app, self.config, now_ms) - now_ms) / 1000)
+
+    def _sleep(self, until_pass_s: float, tick_in_s: float | None = None) -> bool:
+        """Sleep until the next pass, or, if this scanner leads, the next due scheduled
+        task or periodic tick when that comes first; True once stopped."""
+        if not self._leads:
+            return self._stop.wait(until_pass_s)
+        try:
+            due_in = self.dispatcher.next_due_in_s()
+            nap = min(t for t in (until_pass_s, due_in, tick_in_s) if t is not None)
+            if nap <= _LOCAL_WAIT_S:
+                # Redis ends a blocking wait only on its clock tick (100 ms at hz 10):
+                # the last stretch before a due time is waited here, to the ms.
+                return self._stop.wait(max(nap, _MIN_BLOCK_S))
+            # Bounded by the client's socket timeout, and short enough that stop() is
+            # seen within a pass; woken early by a push with a new earliest due time.
+            self.dispatcher.wait(min(nap - _LOCAL_WAIT_S, _MAX_BLOCK_S))
+        except Exception:
+            logger.warning("waiting for scheduled tasks failed", exc_info=True)
+            return self._stop.wait(until_pass_s)
+        return self._stop.is_set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def start_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run, name="relier-resurrector", daemon=True)
+        thread.start()
+        return thread

@@ -1,0 +1,165 @@
+"""Dispatch of scheduled tasks: the due ones leave the schedule index for the broker.
+
+A scheduled task (a countdown, an eta, a retry's backoff) waits in ``<p>:sched`` by
+due time on the Redis clock, in no worker's memory. The scanner leader reads the due
+ids (``ZRANGEBYSCORE -inf <Redis now>``: O(due)), ``schedule_take.lua`` re-checks each
+due time and leases it (state ``queued``, covered by the expiry index for the lease),
+the stored envelope is published to the task's own queue, and ``schedule_sent.lua``
+turns the lease into a queued grace. A leader that dies between the two leaves a
+lease that runs out; the resurrector then re-dispatches the task with the next fence,
+so it runs once. A task whose ``expires=`` passed before it was due is dead-lettered
+(``expired``) instead.
+
+Between passes the leader sleeps until the earliest due time, not a fixed interval:
+it blocks on ``<p>:sched:wake``, which a push that makes a new earliest due time
+fills, so a task due in 50 ms is dispatched then (docs/scheduling.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from ..broker import publish
+from ..dlq import dead_letter as dlq
+from ..model.config import Config
+from ..model.envelope import Envelope, decode
+from ..model.errors import EnvelopeError
+from ..model.failure import Failure, Reason
+from ..store import scripts
+from ..store.connection import sync_client
+from ..store.keys import KeySpace
+
+logger = logging.getLogger("relier_django.schedule")
+
+BATCH = 100  # due tasks per schedule_take.lua call
+
+
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    task_id: str
+    fence: int
+    stored: str  # the envelope as pushed (or as last retried)
+    expired: bool
+    task: str  # the task hash's own name, queue and claim: for a copy that cannot be read
+    queue: str
+    idem_key: str | None
+
+
+def _parse(ids: list[str], replies: list[Any]) -> list[_Taken]:
+    taken = []
+    for task_id, reply in zip(ids, replies, strict=True):
+        if int(reply[0]) == 1:
+            name, queue, idem = str(reply[4]), str(reply[5]), str(reply[6])
+            taken.append(_Taken(task_id, int(reply[1]), str(reply[2]), int(reply[3]) == 1,
+                                name, queue, idem or None))  # fmt: skip
+    return taken
+
+
+class Dispatcher:
+    """Dispatches the due scheduled tasks; run by the scanner that holds the lease."""
+
+    def __init__(self, app: Any, config: Config, scanner_id: str) -> None:
+        self.app = app
+        self.config = config
+        self.scanner_id = scanner_id
+        self.keys = KeySpace(config.key_prefix)
+
+    @property
+    def client(self) -> redis.Redis:
+        return sync_client(self.config)
+
+    def now_ms(self) -> int:
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def due_ids(self, now_ms: int) -> list[str]:
+        due = self.client.zrangebyscore(self.keys.schedule, "-inf", now_ms, 0, BATCH)
+        return [str(task_id) for task_id in due]
+
+    def run_due(self) -> int:
+        """Dispatch every task due now; returns how many were published."""
+        published = 0
+        while ids := self.due_ids(self.now_ms()):
+            token = uuid.uuid4().hex
+            lease_ms = int(self.config.resurrect_lease_s * 1000)
+            taken = scripts.ScriptCall(
+                scripts.SCHEDULE_TAKE, self.keys.for_schedule_take(ids),
+                [lease_ms, token, *ids], lambda replies: _parse(ids, replies),
+            ).run(self.client)  # fmt: skip
+            sent = [t for t in taken if self._dispatch(t)]
+            if sent:
+                grace_ms = int(self.config.queued_grace_s * 1000)
+                args: list[scripts.Arg] = [grace_ms, token]
+                for t in sent:
+                    args += (t.task_id, t.fence)
+                scripts.ScriptCall(
+                    scripts.SCHEDULE_SENT, self.keys.for_schedule_sent(t.task_id for t in sent),
+                    args, int,
+                ).run(self.client)  # fmt: skip
+            published += len(sent)
+            if len(ids) < BATCH:
+                break
+        return published
+
+    def next_due_in_s(self) -> float | None:
+        """Seconds until the earliest scheduled task is due (0 if overdue), or None."""
+        head = self.client.zrange(self.keys.schedule, 0, 0, withscores=True)
+        if not head:
+            return None
+        return max(0.0, (float(head[0][1]) - self.now_ms()) / 1000)
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep up to ``timeout_s``, or until a push makes a new earliest due time."""
+        if timeout_s > 0:
+            self.client.blpop([self.keys.schedule_wake], timeout=timeout_s)
+
+    def _dispatch(self, taken: _Taken) -> bool:
+        try:
+            env = decode(taken.stored, self.config.signer)
+        except EnvelopeError as exc:
+            self._dead(taken, None, Failure(
+                Reason(exc.reason), type(exc).__name__,
+                f"the stored copy of the task cannot be read: {exc}", worker=self.scanner_id,
+            ), raw=taken.stored)  # fmt: skip
+            return False
+        env = dataclasses.replace(env, fence=taken.fence)
+        if taken.expired:
+            failure = Failure(
+                Reason.EXPIRED, None, "its expiry passed before it was due",
+                worker=self.scanner_id,
+            )  # fmt: skip
+            self._dead(taken, env, failure)
+            return False
+        try:
+            publish.send(self.app, env, env.encode(self.config.signer))
+        except Exception:
+            # Leased and covered by the expiry index: the resurrector re-dispatches it
+            # once the lease runs out.
+            logger.error("scheduled publish failed task_id=%s", env.id, exc_info=True)
+            return False
+        logger.info("dispatched scheduled task_id=%s task=%s", env.id, env.task)
+        return True
+
+    def _dead(
+        self, taken: _Taken, env: Envelope | None, failure: Failure, raw: object = None
+    ) -> None:
+        ttl_ms = int(self.config.result_ttl_s * 1000)
+        if env is not None:
+            call = dlq.dead_letter(
+                self.keys, failure, ttl_ms, env=env, signer=self.config.signer, held="queued"
+            )
+        else:
+            stored = dlq.StoredTask(
+                taken.task_id, taken.fence, taken.task, taken.queue, taken.idem_key
+            )
+            call = dlq.dead_letter(
+                self.keys, failure, ttl_ms, env=None, raw=raw, stored=stored, held="queued"
+            )
+        if call.run(self.client).accepted:
+            logger.error("dead-lettered task_id=%s reason=%s", taken.task_id, failure.reason)

@@ -1,0 +1,334 @@
+"""Periodic tasks: the ``beat_schedule`` entries that name an ``@rl_task``, each tick
+fired exactly once by whichever scanners run (G11).
+
+A tick is named by (entry name, tick time): for an interval of N seconds the tick times
+are the multiples of N since the epoch; for a ``crontab``, its own fire times in the
+app's timezone. ``fire_due`` (called by the scanner every pass) fires each entry's due
+ticks in order, each in three steps:
+
+1. ``tick.lua`` claims the tick: refused if the entry's last recorded tick is at or past
+   it, or while another caller's claim is live. The claim is a lease.
+2. the claimer pushes the task with a task id derived from (entry, tick) and
+   ``eta`` = the tick (so ``ctx.scheduled_at`` is the tick time).
+3. ``tick_done.lua`` records the tick and drops the claim.
+
+Decision: the push's task id, not the claim, is the tick's record of having fired.
+``push.lua`` refuses a second task with an id that exists, whose outcome is kept
+(``RESULT_TTL_S``) or that names a DLQ entry. So a scanner killed after step 1 leaves a
+claim that runs out after ``RESURRECT_LEASE_S`` and the next scanner takes it over and
+pushes the same tick (which nobody pushed: it runs once); one killed after step 2
+leaves the same claim, and the takeover's push finds the task (still once). No window
+loses a tick or fires it twice; only a scanner that stalls for longer than its lease
+between its claim and its push is told not to push (it checks its own clock first).
+(This holds while a tick's outcome outlives its claim: ``RESULT_TTL_S`` well above
+``RESURRECT_LEASE_S``, as the defaults are.) Advancing the periodic state inside
+``push.lua`` would widen every push for one caller; the derived id gives the same
+exactly-once with two scripts of its own (docs/scheduling.md: the argument, and the
+tests that kill a scanner between the steps).
+
+Missed ticks (the scanners were down): the entry's ``options["relier_missed"]``:
+``"all"`` (default) fires every missed tick, the newest ``CATCH_UP_LIMIT`` at most;
+``"once"`` fires the newest one; ``"skip"`` fires only ticks that are on time (late by
+less than one leader lease plus a scan interval). Skipped ticks are always logged with
+their count, at WARNING.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ..model import arguments
+from ..model.config import Config
+from ..model.errors import AdmissionRejected, DuplicateTaskId
+from ..model.spec import TaskSpec
+from ..model.timing import Timing
+from ..push import producer
+from ..store import scripts
+from ..store.connection import sync_client
+from ..store.keys import KeySpace
+from .ticks import CATCH_UP_LIMIT, Missed, Schedule, parse_schedule, plan
+
+logger = logging.getLogger("relier_django.periodic")
+
+MISSED_OPTION = "relier_missed"
+"""The key of an entry's ``options`` naming its missed-tick policy (``ticks.Missed``)."""
+# What fire_due answers when there is no entry: the caller's own pace decides.
+_IDLE_MS = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One ``beat_schedule`` entry that relier fires."""
+
+    name: str
+    task: str
+    schedule: Schedule
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] | None = None
+    queue: str | None = None
+    missed: Missed = Missed.ALL
+
+
+class Problem(enum.StrEnum):
+    """Why an entry is not fired by relier (``manage.py check`` reports each)."""
+
+    UNKNOWN_TASK = "unknown_task"
+    BAD_SCHEDULE = "bad_schedule"
+    BAD_ENTRY = "bad_entry"  # args, kwargs, options or the missed policy
+    NOT_RELIER = "not_relier"  # a plain Celery task: celery beat's job
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    entry: str
+    problem: Problem
+    detail: str
+
+
+def read_entries(app: Any) -> tuple[list[Entry], list[Rejected]]:
+    """The app's ``beat_schedule``: the entries relier fires, and the others with why.
+
+    Args:
+        app: the Celery app (its tasks already imported).
+
+    Returns:
+        (entries naming an ``@rl_task`` with a valid schedule, every other entry).
+    """
+    entries: list[Entry] = []
+    rejected: list[Rejected] = []
+    for name, raw in dict(app.conf.beat_schedule or {}).items():
+        try:
+            entries.append(_entry(app, str(name), raw))
+        except _Reject as exc:
+            rejected.append(Rejected(str(name), exc.problem, str(exc)))
+    return entries, rejected
+
+
+class _Reject(Exception):
+    def __init__(self, problem: Problem, detail: str) -> None:
+        super().__init__(detail)
+        self.problem = problem
+
+
+def _entry(app: Any, name: str, raw: Any) -> Entry:
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("task"), str):
+        raise _Reject(Problem.BAD_ENTRY, "an entry is a dict with a 'task' name")
+    task = app.tasks.get(raw["task"])
+    if task is None:
+        raise _Reject(Problem.UNKNOWN_TASK, f"no task named {raw['task']!r} is registered")
+    spec = getattr(task, "relier_spec", None)
+    if not isinstance(spec, TaskSpec):
+        raise _Reject(Problem.NOT_RELIER, f"{raw['task']!r} is not an @rl_task")
+    try:
+        schedule = parse_schedule(raw.get("schedule"), app.timezone)
+    except ValueError as exc:
+        raise _Reject(Problem.BAD_SCHEDULE, str(exc)) from None
+    args, kwargs, options = raw.get("args") or (), raw.get("kwargs") or {}, raw.get("options") or {}
+    if not (isinstance(args, list | tuple) and isinstance(kwargs, Mapping)):
+        raise _Reject(Problem.BAD_ENTRY, "'args' must be a list or tuple, 'kwargs' a dict")
+    if not isinstance(options, Mapping):
+        raise _Reject(Problem.BAD_ENTRY, "'options' must be a dict")
+    try:
+        missed = Missed(options.get(MISSED_OPTION, Missed.ALL))
+        arguments.check(spec, tuple(args), dict(kwargs))
+    except (ValueError, TypeError) as exc:
+        raise _Reject(Problem.BAD_ENTRY, str(exc)) from None
+    queue = options.get("queue")
+    return Entry(
+        name,
+        raw["task"],
+        schedule,
+        tuple(args),
+        dict(kwargs),
+        queue if isinstance(queue, str) else None,
+        missed,
+    )
+
+
+def tick_id(entry: str, tick_ms: int) -> str:
+    """The task id of ``entry``'s tick at ``tick_ms``: the same for every scanner."""
+    return hashlib.sha256(f"relier.periodic\0{entry}\0{tick_ms}".encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """tick.lua's reply: code 1 claimed ``tick`` (push it), 0 nothing to do (``tick``
+    is the last recorded), 2 another caller holds ``tick``."""
+
+    code: int
+    tick: int
+
+
+def claim(
+    keys: KeySpace, entry: str, tick_ms: int, token: str, lease_ms: int, seed: bool = False
+) -> scripts.ScriptCall[Claim]:
+    """tick.lua: claim ``entry``'s tick at ``tick_ms`` for ``lease_ms``; with ``seed``,
+    record ``tick_ms`` (the caller's now) as handled if the entry has no state yet."""
+    return scripts.ScriptCall(
+        scripts.TICK,
+        keys.for_tick(),
+        [entry, tick_ms, token, lease_ms, "1" if seed else "0"],
+        lambda r: Claim(int(r[0]), int(r[1])),
+    )
+
+
+def done(keys: KeySpace, entry: str, tick_ms: int, token: str) -> scripts.ScriptCall[int]:
+    """tick_done.lua: record ``entry``'s tick at ``tick_ms`` as handled and drop the
+    claim ``token`` holds; returns the entry's last recorded tick."""
+    return scripts.ScriptCall(scripts.TICK_DONE, keys.for_tick_done(), [entry, tick_ms, token], int)
+
+
+def fire_due(app: Any, config: Config, now_ms: int) -> int:
+    """Fire every due tick of the app's periodic entries that name an ``@rl_task``.
+
+    Safe to call from any number of scanners at once: each tick is pushed once.
+
+    Args:
+        app: the Celery app whose ``beat_schedule`` is read (its tasks imported).
+        config: relier's config (key prefix, ``RESURRECT_LEASE_S`` for the claims).
+        now_ms: the Redis clock, epoch ms.
+
+    Returns:
+        When to call again, epoch ms: the earliest next tick (sooner when a tick is
+        left for a later call: claimed by another scanner, refused, failed).
+    """
+    return _Firing(app, config, now_ms).run()
+
+
+_warned: set[tuple[str, str]] = set()  # (entry, problem) logged by this process
+
+
+class _Firing:
+    """One ``fire_due`` call."""
+
+    def __init__(self, app: Any, config: Config, now_ms: int) -> None:
+        self.app, self.config, self.now_ms = app, config, now_ms
+        self.keys = KeySpace(config.key_prefix)
+        self.client = sync_client(config)
+        self.lease_ms = int(config.resurrect_lease_s * 1000)
+        self.on_time_ms = int((config.leader_lease_ttl_s + config.scan_interval_s) * 1000)
+
+    def run(self) -> int:
+        entries, rejected = read_entries(self.app)
+        for bad in rejected:
+            if bad.problem is not Problem.NOT_RELIER and (bad.entry, bad.problem) not in _warned:
+                _warned.add((bad.entry, bad.problem))
+                logger.error("periodic entry=%s is not fired: %s", bad.entry, bad.detail)
+        if not entries:
+            return self.now_ms + _IDLE_MS
+        lasts = self.client.hmget(self.keys.periodic, [e.name for e in entries])
+        retry_at = self.now_ms + int(self.config.scan_interval_s * 1000)
+        next_due = self.now_ms + _IDLE_MS
+        for entry, last in zip(entries, lasts, strict=True):
+            try:
+                settled = self._entry(entry, None if last is None else int(last))
+            except Exception:
+                logger.exception(
+                    "periodic entry=%s: firing failed; a later pass retries", entry.name
+                )
+                settled = False
+            nxt = entry.schedule.next_after(self.now_ms)
+            next_due = min(next_due, nxt if settled else min(nxt, retry_at))
+        return next_due
+
+    def _entry(self, entry: Entry, last: int | None) -> bool:
+        """Fire ``entry``'s due ticks; False when some are left for a later call."""
+        if last is None:  # first seen: its first tick is the next one
+            return self._settle(entry, self.now_ms, seed=True)
+        due = entry.schedule.due(last, self.now_ms, CATCH_UP_LIMIT)
+        if not due.ticks:
+            return True
+        chosen = plan(entry.missed, due, self.now_ms, self.on_time_ms)
+        if chosen.skipped:
+            logger.warning(
+                "periodic entry=%s missed=%s skipped %s%s tick(s) due since %s; firing %s",
+                entry.name,
+                entry.missed.value,
+                "" if due.exact else "about ",
+                chosen.skipped,
+                _iso(last),
+                ", ".join(_iso(t) for t in chosen.fire) or "none",
+            )
+        for tick in chosen.fire:
+            if not self._settle(entry, tick):
+                return False
+        if chosen.skip_to is not None:
+            done(self.keys, entry.name, chosen.skip_to, "").run(self.client)
+        return True
+
+    def _settle(self, entry: Entry, tick: int, seed: bool = False) -> bool:
+        """Claim ``tick``, push and record it (first any older tick whose claimer died);
+        True once it is handled, by this call or another."""
+        for _ in range(3):  # at most one older claim to take over, then ours
+            token, started = uuid.uuid4().hex, time.monotonic()
+            got = claim(self.keys, entry.name, tick, token, self.lease_ms, seed).run(self.client)
+            if got.code == 0:
+                return True
+            if got.code == 2:
+                logger.debug("periodic entry=%s tick=%s claimed by another", entry.name, got.tick)
+                return False
+            if not self._push(entry, got.tick, started):
+                return False  # the claim runs out; a later call pushes the same tick
+            done(self.keys, entry.name, got.tick, token).run(self.client)
+            if got.tick == tick:
+                return True
+        return False
+
+    def _push(self, entry: Entry, tick: int, claimed_at: float) -> bool:
+        if time.monotonic() - claimed_at > self.lease_ms / 1000:
+            # Another scanner may have taken the claim over: it pushes this tick.
+            logger.warning(
+                "periodic entry=%s tick=%s: claim outlived, not pushed", entry.name, _iso(tick)
+            )
+            return False
+        spec = self.app.tasks[entry.task].relier_spec
+        task_id = tick_id(entry.name, tick)
+        try:
+            producer.push(
+                spec,
+                self.app,
+                entry.args,
+                dict(entry.kwargs or {}),
+                task_id=task_id,
+                queue=entry.queue,
+                when=Timing(eta_ms=tick),
+                on_commit=False,
+            )
+        except DuplicateTaskId:
+            # The tick's task exists (its claimer died after pushing it): fired once.
+            logger.info(
+                "periodic entry=%s tick=%s already pushed task_id=%s",
+                entry.name,
+                _iso(tick),
+                task_id,
+            )
+            return True
+        except AdmissionRejected as exc:
+            logger.warning(
+                "periodic entry=%s tick=%s refused by admission control; retried "
+                "after %.3f s or later",
+                entry.name,
+                _iso(tick),
+                exc.retry_after_s,
+            )
+            return False
+        logger.info(
+            "periodic entry=%s tick=%s fired task=%s task_id=%s",
+            entry.name,
+            _iso(tick),
+            entry.task,
+            task_id,
+        )
+        return True
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")

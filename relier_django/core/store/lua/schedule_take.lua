@@ -1,0 +1,49 @@
+-- schedule_take.lua: take the due tasks of the schedule index for dispatch, and lease
+-- each: one call per batch, on the scanner leader.
+-- Serves G11 (a scheduled task is dispatched once, never before its time on the Redis
+-- clock) and G1 (from here on the expiry index covers it: a leader that dies before its
+-- publish leaves a lease that runs out, and the resurrector re-dispatches it, fenced).
+--
+-- KEYS[1]      schedule index (zset)     KEYS[2]  expiry index (zset)
+-- KEYS[2+i]    task hash of the i-th task
+-- ARGV[1]      lease, ms: how long the caller has to publish before the resurrector may
+-- ARGV[2]      request token: unique per call, the same in a replay of it
+-- ARGV[2+i]    task id of the i-th task
+-- RETURNS      one reply per task, in order:
+--   {1, fence, envelope, expired, name, queue, idem}  leased ('queued', its fence
+--        unchanged: no message was ever sent for it): publish the envelope, or, with
+--        expired = 1 (its expiry passed before it was due), dead-letter it (expired)
+--   {0, 'not_due'}  its due time has not come on the Redis clock
+--   {0, 'gone'}     not scheduled any more (cancelled, or taken by another pass); its
+--                   index entry, if any, is removed
+-- A replay of this call after a lost reply finds each task it took by the token (field
+-- 'lease') and answers as the first call did.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease_until = now_ms + tonumber(ARGV[1])
+local replies = {}
+for i = 3, #ARGV do
+  local id, hash = ARGV[i], KEYS[i]
+  local f = redis.call('HMGET', hash, 'fence', 'env', 'state', 'name', 'queue', 'idem',
+    'expires_ms', 'lease')
+  local expired = (f[7] and tonumber(f[7]) < now_ms) and 1 or 0
+  local reply
+  if f[8] == ARGV[2] and f[3] == 'queued' then
+    reply = {1, tonumber(f[1]), f[2], expired, f[4] or '', f[5] or '', f[6] or ''}
+  elseif not f[1] or f[3] ~= 'scheduled' then
+    redis.call('ZREM', KEYS[1], id)
+    reply = {0, 'gone'}
+  else
+    local due = redis.call('ZSCORE', KEYS[1], id)
+    if not due or tonumber(due) > now_ms then
+      reply = {0, due and 'not_due' or 'gone'}
+    else
+      redis.call('HSET', hash, 'state', 'queued', 'lease', ARGV[2])
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('ZADD', KEYS[2], lease_until, id)
+      reply = {1, tonumber(f[1]), f[2], expired, f[4] or '', f[5] or '', f[6] or ''}
+    end
+  end
+  replies[#replies + 1] = reply
+end
+return replies

@@ -1,0 +1,237 @@
+"""G11, periodic ticks against a real Redis: tick.lua under races, fire_due from three
+scanners at once, a scanner killed between its claim and its push (or its record), and
+the missed-tick policies. No worker runs: a tick's push is its stored task and its one
+message in the broker's queue list."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.core.checks import Error
+from django.core.checks import Warning as CheckWarning
+
+from relier_django import checks
+from relier_django.core.model import config
+from relier_django.core.schedule import periodic
+from relier_django.core.store.keys import KeySpace
+from testproject.celery import app
+from testproject.demo import tasks  # noqa: F401 - registers the demo tasks
+from testproject.harness import REPO_ROOT, worker_env
+
+ENTRY = "every-second"
+KEYS = KeySpace("rl")
+QUEUE = "celery"  # the broker's list for the default queue
+
+
+def _entry(every: float = 1.0, missed: str = "all", **extra: Any) -> dict[str, Any]:
+    return {
+        "task": "demo.sync_record",
+        "schedule": every,
+        "args": ("periodic",),
+        "options": {"relier_missed": missed},
+        **extra,
+    }
+
+
+@pytest.fixture
+def beat_schedule() -> Iterator[dict[str, Any]]:
+    """The app's beat_schedule, empty, restored after the test."""
+    before = app.conf.beat_schedule
+    schedule: dict[str, Any] = {}
+    app.conf.beat_schedule = schedule
+    try:
+        yield schedule
+    finally:
+        app.conf.beat_schedule = before
+
+
+@pytest.fixture
+def cfg(redis_client: redis.Redis) -> config.Config:
+    return config.current().replace(resurrect_lease_s=0.3)
+
+
+def _now_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _pushed(client: redis.Redis) -> int:
+    """Messages in the broker's queue: one per push that stored a task."""
+    return int(client.llen(QUEUE))
+
+
+def _has_task(client: redis.Redis, tick: int, entry: str = ENTRY) -> bool:
+    return bool(client.exists(KEYS.task(periodic.tick_id(entry, tick))))
+
+
+# -- tick.lua -------------------------------------------------------------------------
+def _race_claims(client: redis.Redis, tick: int) -> list[tuple[int, str]]:
+    """Three callers claim ``tick`` at the same instant; their (code, token)s."""
+    barrier, codes = threading.Barrier(3), []
+
+    def claim(token: str) -> None:
+        barrier.wait()
+        codes.append((periodic.claim(KEYS, ENTRY, tick, token, 30_000).run(client).code, token))
+
+    threads = [threading.Thread(target=claim, args=(f"t{i}",)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return codes
+
+
+def test_of_three_concurrent_claims_on_a_tick_exactly_one_wins(redis_client):
+    redis_client.hset(KEYS.periodic, ENTRY, 0)
+    for tick in range(1_000, 21_000, 1_000):
+        codes = _race_claims(redis_client, tick)
+        winners = [token for code, token in codes if code == 1]
+        assert len(winners) == 1 and sorted(c for c, _ in codes) == [1, 2, 2]
+        assert periodic.done(KEYS, ENTRY, tick, winners[0]).run(redis_client) == tick
+        assert periodic.claim(KEYS, ENTRY, tick, "late", 30_000).run(redis_client).code == 0
+
+
+def test_a_claim_whose_holder_died_is_taken_over_with_its_own_tick(redis_client):
+    redis_client.hset(KEYS.periodic, ENTRY, 0)
+    assert periodic.claim(KEYS, ENTRY, 1_000, "dead", 200).run(redis_client).tick == 1_000
+    # Live: another caller is told to wait, even for a later tick.
+    assert periodic.claim(KEYS, ENTRY, 2_000, "b", 200).run(redis_client).code == 2
+    time.sleep(0.3)
+    taken = periodic.claim(KEYS, ENTRY, 2_000, "b", 200).run(redis_client)
+    assert (taken.code, taken.tick) == (1, 1_000)  # the older tick first: it may be unpushed
+    # The dead holder's record, if it ever came, drops nothing of the new holder's.
+    periodic.done(KEYS, ENTRY, 1_000, "dead").run(redis_client)
+    assert redis_client.hget(KEYS.periodic_claims, ENTRY)
+
+
+def test_an_entry_seen_for_the_first_time_starts_at_the_next_tick(redis_client):
+    assert periodic.claim(KEYS, ENTRY, 5_500, "a", 1_000, seed=True).run(redis_client).code == 0
+    assert periodic.claim(KEYS, ENTRY, 6_000, "b", 1_000, seed=True).run(redis_client).code == 1
+    assert int(redis_client.hget(KEYS.periodic, ENTRY)) == 5_500
+
+
+# -- fire_due -------------------------------------------------------------------------
+def test_three_scanners_firing_at_once_push_every_tick_exactly_once(
+    redis_client, beat_schedule, cfg
+):
+    beat_schedule[ENTRY] = _entry(every=1.0)
+    # Ten seconds of passes, four per tick, all in the past: each tick's eta has come,
+    # so its push queues it at once.
+    start = (_now_ms(redis_client) - 15_000) // 1000 * 1000
+    redis_client.hset(KEYS.periodic, ENTRY, start)
+    steps = [start + 250 * i for i in range(1, 41)]
+    barrier = threading.Barrier(3)
+    errors: list[BaseException] = []
+
+    def scanner() -> None:
+        try:
+            for now in steps:
+                barrier.wait()
+                periodic.fire_due(app, cfg, now)
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=scanner) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    ticks = range(start + 1_000, steps[-1] + 1, 1_000)
+    assert all(_has_task(redis_client, t) for t in ticks)
+    assert _pushed(redis_client) == len(ticks) == 10
+    assert int(redis_client.hget(KEYS.periodic, ENTRY)) == ticks[-1]
+    assert not redis_client.hgetall(KEYS.periodic_claims)
+
+
+def _run_dying_scanner(redis_url: str, mode: str) -> int:
+    env = worker_env(redis_url, {"DEMO_PERIODIC_EVERY_S": "1", "RELIER_RESURRECT_LEASE_S": "0.3"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.periodic_runner", mode],
+        cwd=REPO_ROOT, env=env, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return proc.returncode
+
+
+@pytest.mark.parametrize("mode", ["die-after-claim", "die-after-push"])
+def test_a_scanner_killed_between_its_steps_loses_no_tick_and_fires_none_twice(
+    mode, redis_server, redis_client, beat_schedule, cfg
+):
+    # The same entry as the dying process's settings give it (DEMO_PERIODIC_EVERY_S).
+    beat_schedule["demo-periodic"] = _entry(every=1.0)
+    now = _now_ms(redis_client)
+    redis_client.hset(KEYS.periodic, "demo-periodic", now - 1_000)  # one tick due
+    assert _run_dying_scanner(redis_server.url, mode) == -9
+    tick = int(redis_client.hget(KEYS.periodic_claims, "demo-periodic").split(b":")[0])
+    assert _pushed(redis_client) == (1 if mode == "die-after-push" else 0)
+    assert int(redis_client.hget(KEYS.periodic, "demo-periodic")) < tick  # not recorded
+    time.sleep(0.4)  # the dead scanner's claim runs out
+    periodic.fire_due(app, cfg, tick + 500)
+    assert _has_task(redis_client, tick, "demo-periodic")
+    assert _pushed(redis_client) == 1
+    assert int(redis_client.hget(KEYS.periodic, "demo-periodic")) == tick
+    assert not redis_client.hgetall(KEYS.periodic_claims)
+
+
+@pytest.mark.parametrize(
+    ("missed", "fired", "skipped"), [("all", 10, 90), ("once", 1, 99), ("skip", 0, 100)]
+)
+def test_missed_ticks_follow_the_entrys_policy_and_are_never_skipped_silently(
+    missed, fired, skipped, redis_client, beat_schedule, cfg, caplog
+):
+    beat_schedule[ENTRY] = _entry(every=60.0, missed=missed)
+    newest = _now_ms(redis_client) // 60_000 * 60_000
+    redis_client.hset(KEYS.periodic, ENTRY, newest - 100 * 60_000)  # 100 ticks missed
+    late = newest + 30_000  # the newest tick is 30 s late: not on time for "skip"
+    with caplog.at_level(logging.WARNING, logger="relier_django.periodic"):
+        periodic.fire_due(app, cfg, late)
+    assert _pushed(redis_client) == fired
+    assert f"skipped {skipped} tick(s)" in caplog.text
+    assert int(redis_client.hget(KEYS.periodic, ENTRY)) == newest
+    periodic.fire_due(app, cfg, late + 1_000)  # recorded: nothing more, no new warning
+    assert _pushed(redis_client) == fired
+
+
+def test_the_task_sees_its_tick_as_its_due_time(redis_client, beat_schedule, cfg):
+    beat_schedule[ENTRY] = _entry(every=1.0)
+    now = _now_ms(redis_client)
+    redis_client.hset(KEYS.periodic, ENTRY, now - 1_000)
+    periodic.fire_due(app, cfg, now)
+    tick = now // 1_000 * 1_000
+    stored = redis_client.hget(KEYS.task(periodic.tick_id(ENTRY, tick)), "due_ms")
+    assert int(stored) == tick  # start.lua hands it to the task as ctx.scheduled_at
+
+
+def test_fire_due_answers_the_next_tick(redis_client, beat_schedule, cfg):
+    beat_schedule[ENTRY] = _entry(every=10.0)
+    assert periodic.fire_due(app, cfg, 1_700_000_003_000) == 1_700_000_010_000
+
+
+# -- manage.py check ------------------------------------------------------------------
+def test_check_reports_each_entry_relier_cannot_fire(beat_schedule):
+    beat_schedule.update(
+        {
+            "ok": _entry(),
+            "typo": {"task": "demo.no_such_task", "schedule": 5},
+            "bad-schedule": _entry(every="5"),
+            "bad-policy": _entry(missed="sometimes"),
+            "bad-args": {**_entry(), "args": ("a", "b", "c", "d")},
+            "plain": {"task": "demo.plain_record", "schedule": 5, "args": ("x",)},
+        }
+    )
+    found = {m.id: m for m in checks.check_periodic_schedule()}
+    by_id = sorted(m.id for m in checks.check_periodic_schedule())
+    assert by_id == ["relier.E008", "relier.E009", "relier.E010", "relier.E010", "relier.W005"]
+    assert isinstance(found["relier.E008"], Error) and "typo" in found["relier.E008"].msg
+    assert isinstance(found["relier.W005"], CheckWarning)
+    assert "celery beat" in found["relier.W005"].msg and "plain" in found["relier.W005"].msg
+    assert "crontab" in found["relier.E009"].hint
