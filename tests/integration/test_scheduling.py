@@ -149,3 +149,22 @@ def test_cancel_fences_off_a_running_task_which_cannot_commit(worker, redis_clie
     time.sleep(3)  # it finishes its sleep and tries to commit: refused
     assert receipt.status == "REVOKED"
     assert "stale commit rejected task_id=" + receipt.task_id in worker.log_text()
+
+
+def test_a_dead_leaders_due_task_is_dispatched_by_another_scanner_within_a_pass(
+    worker_factory, redis_client
+):
+    # A long leader lease: were only the leader to dispatch, the task would wait for it.
+    env = {"RELIER_SCAN_INTERVAL_S": "0.5", "RELIER_LEADER_LEASE_S": "60"}
+    first, second = (
+        worker_factory(name="first", extra_env=env),
+        worker_factory(name="second", extra_env=env),
+    )
+    leader = redis_client.get(KEYS.leader).decode()
+    dying = first if leader.startswith(first.hostname) else second
+    receipt = tasks.sync_record.push_with(countdown=1).push("orphaned-by-leader")
+    dying.kill()  # SIGKILL: its lease stays for a minute
+    began = time.monotonic()
+    assert receipt.get(timeout=30)["label"] == "orphaned-by-leader"
+    assert time.monotonic() - began < 15  # a pass of the other scanner, not the lease
+    assert redis_client.get(KEYS.leader).decode() == leader  # the dead one still "leads"

@@ -58,11 +58,12 @@ class Scanner:
         ).run(self.resurrector.client)
 
     def tick(self) -> PassReport | None:
-        """One pass if this scanner leads, else None: due scheduled tasks are
-        dispatched, then expired ones resurrected."""
+        """One pass: due scheduled tasks are dispatched (by every scanner: each task is
+        taken once, so a dead leader's are sent within a pass by the others), then, if
+        this scanner leads, expired ones are resurrected; None when it does not lead."""
+        self._guarded(self.dispatcher.run_due, "scheduled dispatch")
         if not self.is_leader():
             return None
-        self._guarded(self.dispatcher.run_due, "scheduled dispatch")
         return self.resurrector.run_pass()
 
     def run(self, interval_s: float | None = None, once: bool = False) -> None:
