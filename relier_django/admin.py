@@ -17,7 +17,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
-from . import admin_views
+from . import admin_schedule, admin_views
 from .models import MANAGE_PERMISSION, VIEW_PERMISSION, DeadLetter
 
 
@@ -55,5 +55,8 @@ class DeadLetterAdmin(admin.ModelAdmin):
         return [
             path("", wrap(admin_views.changelist), name=f"{info}_changelist"),
             path("actions/", wrap(admin_views.act), name=f"{info}_actions"),
+            # Read-only schedule pages (docs/scheduling.md): the view permission suffices.
+            path("scheduled/", wrap(admin_schedule.scheduled_list), name=f"{info}_scheduled"),
+            path("periodic/", wrap(admin_schedule.periodic_list), name=f"{info}_periodic"),
             path("entry/<path:entry_id>/", wrap(admin_views.detail), name=f"{info}_detail"),
         ]
