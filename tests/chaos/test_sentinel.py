@@ -69,6 +69,9 @@ def test_a_master_killed_mid_workload_fails_over_and_every_task_commits_once(gro
         replica = group.servers[1]
 
         before = [tasks.record.push(f"before-{i}", 0.4) for i in range(12)]
+        # Scheduled to come due after the failover: they wait in the old master's
+        # schedule index, replicated, and the new master's leader dispatches them (G11).
+        later = [tasks.record.push_with(countdown=6 + i).push(f"later-{i}", 0.1) for i in range(3)]
         # Mid-workload: some committed, two running, the rest queued or prefetched.
         wait_until(lambda: client.llen("demo:exec:before-1"), 30, what="the first tasks")
         assert len(worker.children()) == 2
@@ -83,12 +86,12 @@ def test_a_master_killed_mid_workload_fails_over_and_every_task_commits_once(gro
         failover_s = time.monotonic() - killed_at
         after = [tasks.record.push(f"after-{i}", 0.2) for i in range(4)]
 
-        results_of = before + during + after
+        results_of = before + during + after + later
         results = {r.task_id: r.get(timeout=60) for r in results_of}
         assert new is replica and new.port != old.port
 
         labels = [f"before-{i}" for i in range(12)] + [f"during-{i}" for i in range(4)]
-        labels += [f"after-{i}" for i in range(4)]
+        labels += [f"after-{i}" for i in range(4)] + [f"later-{i}" for i in range(3)]
         assert [results[r.task_id]["label"] for r in results_of] == labels
         # Each task committed once, at the fence of its last run; every run had a fence
         # of its own. (A task runs twice only if one of its calls outlasted the clients'
