@@ -202,3 +202,20 @@ if env.float("DEMO_PERIODIC_EVERY_S", default=0):
             "options": {"relier_missed": env.str("DEMO_PERIODIC_MISSED", default="all")},
         },
     }
+
+# The chaos runner's periodic entry (chaos/scenarios/periodic.py): demo.chaos_scheduled
+# every DEMO_CHAOS_PERIODIC_EVERY_S seconds (0: none), journaling each run, its tick
+# (ctx.scheduled_at) and its start on the Redis clock to DEMO_CHAOS_PERIODIC_JOURNAL.
+if env.float("DEMO_CHAOS_PERIODIC_EVERY_S", default=0):
+    CELERY_BEAT_SCHEDULE = {
+        **globals().get("CELERY_BEAT_SCHEDULE", {}),
+        "chaos-periodic": {
+            "task": "demo.chaos_scheduled",
+            "schedule": env.float("DEMO_CHAOS_PERIODIC_EVERY_S"),
+            "kwargs": {
+                "label": "periodic",
+                "journal": env.str("DEMO_CHAOS_PERIODIC_JOURNAL"),
+                "work_s": env.float("DEMO_CHAOS_PERIODIC_WORK_S", default=0.0),
+            },
+        },
+    }

@@ -36,7 +36,7 @@ class Scenario:
 
 
 def _all() -> dict[str, Scenario]:
-    from . import kills, load, messages, network, redis_faults, scheduling
+    from . import kills, load, messages, network, periodic, redis_faults, scheduling
 
     ordered = [
         kills.WORKER_KILL,
@@ -51,6 +51,7 @@ def _all() -> dict[str, Scenario]:
         kills.POISON,
         scheduling.SCHEDULED_KILLS,
         scheduling.SCHEDULED_REDIS_RESTART,
+        periodic.PERIODIC_LEADER_KILL,
     ]
     return {s.name: s for s in ordered}
 

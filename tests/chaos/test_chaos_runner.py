@@ -36,6 +36,7 @@ SHARED_INVARIANTS = [
 INJECTED = {
     "worker-kill", "zombie", "graceful-deploy", "network-partition", "redis-restart",
     "redis-failover", "task-corrupt", "load-spike", "scheduled-kills", "scheduled-redis-restart",
+    "periodic-leader-kill",
 }  # fmt: skip
 
 
