@@ -168,3 +168,37 @@ def test_a_dead_leaders_due_task_is_dispatched_by_another_scanner_within_a_pass(
     assert receipt.get(timeout=30)["label"] == "orphaned-by-leader"
     assert time.monotonic() - began < 15  # a pass of the other scanner, not the lease
     assert redis_client.get(KEYS.leader).decode() == leader  # the dead one still "leads"
+
+
+def test_of_concurrent_dispatchers_each_due_task_is_taken_and_published_once(
+    redis_client, monkeypatch
+):
+    """The race behind "every scanner dispatches": schedule_take.lua re-checks each task's
+    state as it leases it, so two passes over the same due ids publish each task once."""
+    import threading
+
+    from relier_django.core.broker import publish
+    from relier_django.core.schedule.dispatch import Dispatcher
+    from testproject.celery import app
+
+    cfg = config.current()
+    ids = [tasks.sync_record.push_with(countdown=60).push(f"race-{i}").task_id for i in range(60)]
+    redis_client.zadd(KEYS.schedule, dict.fromkeys(ids, 1))  # all due long ago
+    sent: list[str] = []
+    lock = threading.Lock()
+
+    def record(app_, env, encoded, *args, **kwargs):  # type: ignore[no-untyped-def]
+        with lock:
+            sent.append(env.id)
+
+    monkeypatch.setattr(publish, "send", record)
+    dispatchers = [Dispatcher(app, cfg, f"scanner-{i}") for i in range(3)]
+    threads = [threading.Thread(target=d.run_due) for d in dispatchers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(sent) == sorted(ids)  # every one, none twice
+    assert redis_client.zcard(KEYS.schedule) == 0
+    states = {redis_client.hget(KEYS.task(i), "state") for i in ids}
+    assert states == {b"queued"}
