@@ -202,3 +202,38 @@ def test_of_concurrent_dispatchers_each_due_task_is_taken_and_published_once(
     assert redis_client.zcard(KEYS.schedule) == 0
     states = {redis_client.hget(KEYS.task(i), "state") for i in ids}
     assert states == {b"queued"}
+
+
+def test_a_cancel_racing_a_start_agrees_with_it(redis_client):
+    """cancel.lua against start.lua, from two threads, task after task: a cancel that
+    came first ("before start") leaves the start refused; one that came second ("while
+    running") found the start made. Never both, never neither."""
+    import threading
+
+    from relier_django import Cancelled, cancel
+    from relier_django.core.model.envelope import decode
+    from relier_django.core.worker import fencing
+
+    client = sync_client(config.current())
+    for i in range(40):
+        receipt = tasks.sync_record.push_with(countdown=60).push(f"cancel-race-{i}")
+        client.hset(KEYS.task(receipt.task_id), "state", "queued")  # as if dispatched
+        env = decode(client.hget(KEYS.task(receipt.task_id), "env"))
+        got: dict[str, object] = {}
+
+        def starts(env=env, got=got) -> None:  # type: ignore[no-untyped-def]
+            got["start"] = fencing.start(KEYS, env, "w:1", 10_000).run(client).started
+
+        def cancels(task_id=receipt.task_id, got=got) -> None:  # type: ignore[no-untyped-def]
+            got["cancel"] = cancel(task_id)
+
+        threads = [threading.Thread(target=starts), threading.Thread(target=cancels)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if got["cancel"] is Cancelled.BEFORE_START:
+            assert got["start"] is False
+        else:
+            assert (got["cancel"], got["start"]) == (Cancelled.WHILE_RUNNING, True)
+        assert not client.exists(KEYS.task(receipt.task_id))
