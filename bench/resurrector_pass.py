@@ -81,7 +81,7 @@ def one_round(server, broker, in_flight: int, expired: int) -> dict[str, float]:
     client = server.client(decode_responses=True)
     client.flushall()
     cfg = config.current().replace(resurrect_batch=max(expired, 1))
-    keys = KeySpace(cfg.key_prefix)
+    keys = KeySpace.of(cfg)
     client.script_load(scripts.PUSH.source)
     filling = time.perf_counter()
     ids = fill(client, keys, in_flight)

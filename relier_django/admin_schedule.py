@@ -72,7 +72,12 @@ def _guarded(title: str) -> Callable[[Callable[..., HttpResponse]], Callable[...
                 return view(request, model_admin)
             except RedisError as exc:
                 location = scheduled.redis_location()
-                logger.error("schedule admin: Redis at %s cannot be reached: %r", location, exc)
+                logger.error(
+                    "schedule admin: Redis at %s cannot be reached: %r",
+                    location,
+                    exc,
+                    exc_info=True,
+                )
                 context = _context(
                     request,
                     model_admin,

@@ -120,7 +120,9 @@ def _redis_guard(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
             return view(request, model_admin, **kwargs)
         except RedisError as exc:
             location = dlq.redis_location()
-            logger.error("DLQ admin: Redis at %s cannot be reached: %r", location, exc)
+            logger.error(
+                "DLQ admin: Redis at %s cannot be reached: %r", location, exc, exc_info=True
+            )
             context = _context(
                 request,
                 model_admin,

@@ -15,3 +15,6 @@ class RelierConfig(AppConfig):
         from . import transactions
 
         transactions.install()  # push() inside atomic() waits for the commit
+        from . import signals
+
+        signals.install()  # the core's events as Django signals (task_dead_lettered, ...)

@@ -62,6 +62,9 @@ class DjangoSettings:
     # and every write (your other Celery tasks' results); unset: they are dropped.
     # It may hold a password: never echoed in an error (repr=False).
     result_backend_fallback: str | None = dataclasses.field(default=None, repr=False)
+    # The bearer token the metrics endpoint (relier_django.urls) asks of a scraper;
+    # unset: only staff sessions may read it. Never echoed (repr=False).
+    metrics_token: str | None = dataclasses.field(default=None, repr=False)
 
 
 DJANGO_KEYS: tuple[str, ...] = tuple(f.name.upper() for f in dataclasses.fields(DjangoSettings))

@@ -44,7 +44,7 @@ __all__ = [
 def store() -> DeadLetterStore:
     """The DLQ of the configured Redis and key prefix."""
     cfg = conf.get_config()
-    return DeadLetterStore(sync_client(cfg), KeySpace(cfg.key_prefix), cfg.checkpoint_dir)
+    return DeadLetterStore(sync_client(cfg), KeySpace.of(cfg), cfg.checkpoint_dir)
 
 
 def redis_location() -> str:

@@ -102,7 +102,7 @@ def _sync_wrapper(view: V, rate: Rate, key: str | KeyFunc, scope: str) -> Callab
     @functools.wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         config = conf.get_config()
-        call = hit(KeySpace(config.key_prefix), scope, _bucket(request, key, config), rate)
+        call = hit(KeySpace.of(config), scope, _bucket(request, key, config), rate)
         try:
             refusal = _refusal(call.run(sync_client(config, fail_fast=True)))
         except redis.RedisError as exc:
@@ -117,7 +117,7 @@ def _async_wrapper(view: V, rate: Rate, key: str | KeyFunc, scope: str) -> Calla
     async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
         config = conf.get_config()
         bucket = await _abucket(request, key, config)
-        call = hit(KeySpace(config.key_prefix), scope, bucket, rate)
+        call = hit(KeySpace.of(config), scope, bucket, rate)
         try:
             refusal = _refusal(await call.arun(async_client(config, fail_fast=True)))
         except redis.RedisError as exc:

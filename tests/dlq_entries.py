@@ -26,7 +26,7 @@ def fail(
 ) -> Envelope:
     """Store a task as push() does (not sent) and dead-letter its first incarnation."""
     cfg = config.current()
-    keys, client = KeySpace(cfg.key_prefix), sync_client(cfg)
+    keys, client = KeySpace.of(cfg), sync_client(cfg)
     env = producer.prepare(task.relier_spec, args or ("x",), {}, task_id)
     assert idempotency.store(keys, env, env.encode(), 60_000, 3).run(client).stored
     failure = Failure(reason, "ValueError", message, traceback_of(message), worker="w1@host:1")
@@ -37,7 +37,7 @@ def fail(
 def fail_again(task_id: str, message: str = "again") -> Envelope:
     """Dead-letter a released task's new incarnation: the same entry id, a higher fence."""
     cfg = config.current()
-    keys, client = KeySpace(cfg.key_prefix), sync_client(cfg)
+    keys, client = KeySpace.of(cfg), sync_client(cfg)
     env = decode(client.hget(keys.task(task_id), "env"))
     failure = Failure(
         Reason.EXCEPTION, "ValueError", message, traceback_of(message), worker="w2@host:2"
@@ -58,7 +58,7 @@ def untied(
     cfg = config.current()
     failure = Failure(reason, "NotAnEnvelope", "not an envelope")
     call = dlq.dead_letter(
-        KeySpace(cfg.key_prefix), failure, 60_000, env=None, raw=raw, queue=queue, task=task
+        KeySpace.of(cfg), failure, 60_000, env=None, raw=raw, queue=queue, task=task
     )
     assert call.run(sync_client(cfg)).accepted
     return str(call.args[2])  # the entry id dead_letter minted

@@ -49,7 +49,7 @@ def fabricate_neighbours() -> None:
     """A few other entries, so the list looks like a real one: written with the core's
     scripts (stored, never sent), so the worker never sees them."""
     cfg = config.current()
-    keys, client = KeySpace(cfg.key_prefix), sync_client(cfg)
+    keys, client = KeySpace.of(cfg), sync_client(cfg)
     failed = (
         (tasks.charge, ("order-1842", 4900), Reason.EXCEPTION, "KeyError", "'currency'"),
         (tasks.flaky, ("nightly-sync", 9), Reason.RETRIES_EXHAUSTED, "TimeoutError",

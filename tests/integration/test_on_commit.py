@@ -369,7 +369,8 @@ def test_a_broker_down_at_commit_is_retried_then_logged_and_the_envelope_replays
     assert receipt.failed and receipt.error
     assert relier_log.text.count("push after commit failed, retrying") >= 3
     envelope = logged_envelope(relier_log, receipt.task_id)
-    # Each failed send was undone: no stored copy, no claim, nothing for the resurrector.
+    # Each failed send was undone: no stored copy, no claim, nothing for the resurrector,
+    # and no push counted.
     assert redis_client.dbsize() == 0
 
     worker_factory()

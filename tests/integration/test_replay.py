@@ -46,6 +46,7 @@ from relier_django.core.store import checkpoint, scripts
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from relier_django.core.worker import fencing
+from relier_django.core.worker.reservations import Reservations
 from testproject.celery import app
 from testproject.demo import tasks
 from testproject.lostreply import LostReplyProxy, config_through
@@ -61,7 +62,7 @@ class Case:
 
 
 def _keys(cfg: config.Config) -> KeySpace:
-    return KeySpace(cfg.key_prefix)
+    return KeySpace.of(cfg)
 
 
 @functools.cache
@@ -106,7 +107,7 @@ def _resurrect_call(cfg: config.Config, token: str = "pass-1") -> scripts.Script
     return scripts.ScriptCall(
         scripts.RESURRECT,
         keys.for_resurrect([TASK_ID]),
-        [30_000, "scanner-1", token, TASK_ID],
+        [30_000, "scanner-1", token, 10_000, 60_000, TASK_ID],
         list,
     )
 
@@ -201,7 +202,7 @@ def leader_release(cfg: config.Config, client: redis.Redis) -> Any:
 
 def handoff(cfg: config.Config, client: redis.Redis) -> Any:
     env = _started(cfg, client)
-    return fencing.handoff(_keys(cfg), [(env.id, env.fence)], "running").run(client)
+    return fencing.handoff(_keys(cfg), [(env.id, env.fence)], "running", "drain").run(client)
 
 
 def release_(cfg: config.Config, client: redis.Redis) -> Any:
@@ -308,6 +309,12 @@ def cancel(cfg: config.Config, client: redis.Redis) -> Any:
     return store_cancel.cancel(cfg, env.id)
 
 
+def presence(cfg: config.Config, client: redis.Redis) -> Any:
+    held = Reservations(cfg, worker="host-1:42")
+    held.announce(alive=True)
+    return client.zcard(_keys(cfg).workers)
+
+
 def admit(cfg: config.Config, client: redis.Redis) -> Any:
     found = admission.limits(_keys(cfg), cfg, "t", Rate.parse("5/m"))
     return asyncio.run(admission.acheck(found, cfg))
@@ -344,6 +351,7 @@ CASES: dict[str, Case] = {
     "cancel": Case(cancel),
     "tick": Case(tick),
     "tick_done": Case(tick_done),
+    "presence": Case(presence),
     "admit": Case(admit, replayed=False),
     "ratelimit": Case(ratelimit_, replayed=False),
 }
@@ -384,6 +392,31 @@ def _norm(value: Any) -> Any:
     return value
 
 
+# The metrics hashes (_metrics.lua): a histogram's bucket and sum, and a window's slot,
+# follow the clock; what must agree is how many observations and counts there are.
+_METRIC_FIELD = re.compile(r"^(h:.+):(\d+|sum)$")
+_SLOT = re.compile(r"^([mh])\d+(:.*)?$")
+
+
+def _metrics_norm(key: str, value: dict[Any, Any]) -> dict[str, Any]:
+    shown: dict[str, Any] = {}
+    for raw_field, raw in value.items():
+        field = raw_field.decode() if isinstance(raw_field, bytes) else raw_field
+        count = int(raw)
+        if key.endswith(":m:w"):
+            slot = _SLOT.match(field)
+            assert slot, field
+            name = f"{slot[1]}<slot>{slot[2] or ''}"
+            count = 1 if slot[2] in (None, ":rec_ms", ":rec_max") else count
+        elif (histogram := _METRIC_FIELD.match(field)) is not None:
+            name = f"{histogram[1]}:{'sum' if histogram[2] == 'sum' else 'n'}"
+            count = 1 if histogram[2] == "sum" else count
+        else:
+            name = field
+        shown[name] = shown.get(name, 0) + count if name.endswith(":n") else count
+    return shown
+
+
 def snapshot(client: redis.Redis) -> dict[str, Any]:
     """Every key of the database: its type, value and whether it has a TTL."""
     state: dict[str, Any] = {}
@@ -395,6 +428,8 @@ def snapshot(client: redis.Redis) -> dict[str, Any]:
         kind = kind.decode() if isinstance(kind, bytes) else kind
         if kind == "string":
             value: Any = client.get(key)
+        elif kind == "hash" and (key.endswith(":m") or key.endswith(":m:w")):
+            value = _metrics_norm(key, client.hgetall(key))
         elif kind == "hash":
             value = client.hgetall(key)
         elif kind == "list":

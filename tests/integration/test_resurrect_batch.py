@@ -165,7 +165,9 @@ def test_with_signing_keys_a_resurrection_re_stores_the_envelope_under_the_newes
 
 def _lease(client, ids: list[str], lease_ms: int = 30_000) -> list:  # type: ignore[no-untyped-def]
     return scripts.RESURRECT.run(
-        client, KEYS.for_resurrect(ids), [lease_ms, "direct", uuid.uuid4().hex, *ids]
+        client,
+        KEYS.for_resurrect(ids),
+        [lease_ms, "direct", uuid.uuid4().hex, 10_000, 60_000, *ids],
     )
 
 

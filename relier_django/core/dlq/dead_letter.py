@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..model import outcome
+from ..model import events, outcome
 from ..model.envelope import Envelope, canonical
 from ..model.failure import Failure
 from ..model.signing import Signer
@@ -67,6 +68,19 @@ def _summary(failure: Failure) -> str:
     # One line for listings; the entry keeps the whole message and traceback.
     text = " ".join((failure.error or "").split())
     return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+def _told(event: events.TaskDeadLettered) -> Callable[[list[Any]], Transition]:
+    """The reply's parser, which also emits ``event`` once the script filed it: every
+    filing (runner, scanner, dispatcher) passes through here after its one reply."""
+
+    def parse(reply: list[Any]) -> Transition:
+        moved = parse_transition(reply)
+        if moved.accepted:
+            events.emit(event)
+        return moved
+
+    return parse
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +137,11 @@ def dead_letter(
         entry_id = task_id = _message_entry_id(raw)
         fence = ""
         held = ""
+    told = events.TaskDeadLettered(
+        task_id, env.task if env is not None else task, int(fence) if fence else None,
+        str(failure.reason), _summary(failure), env.queue if env is not None else queue,
+        entry_id,
+    )  # fmt: skip
     tail = history_tail(
         "dead",
         fence=env.fence if env else None,
@@ -148,5 +167,5 @@ def dead_letter(
             held,
             uuid.uuid4().hex,
         ],
-        parse_transition,
+        _told(told),
     )

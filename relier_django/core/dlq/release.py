@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..broker import publish
+from ..model import events
 from ..model.config import Config
 from ..model.envelope import Envelope, decode
 from ..model.errors import EntryNotReleasable, EnvelopeError
@@ -63,7 +64,7 @@ def release(app: Any, config: Config, entry_id: str, expected_fence: int | None 
             ``expected_fence``, no envelope, or the task id is live again.
         Any broker error: the entry is back in the DLQ, unchanged.
     """
-    keys = KeySpace(config.key_prefix)
+    keys = KeySpace.of(config)
     client = sync_client(config)
     entry = DeadLetterStore(client, keys).get(entry_id)
     if entry is None:
@@ -111,6 +112,9 @@ def release(app: Any, config: Config, entry_id: str, expected_fence: int | None 
         scripts.RELEASE_DONE, keys.for_release_done(entry_id), [fresh.fence], int
     ).run(client)
     logger.warning("released DLQ entry %s task_id=%s fence=%s", entry_id, env.id, fresh.fence)
+    events.emit(
+        events.TaskReleased(env.id, env.task, fresh.fence, entry_id, entry.reason, env.queue)
+    )
     return Receipt(env.id, deduplicated=False, config=config)
 
 
@@ -144,7 +148,7 @@ def release_matching(
     it hit is back in the DLQ, and the ones before it are released.
     With ``dry_run`` nothing changes; ``released`` lists what would be released.
     """
-    store = DeadLetterStore(sync_client(config), KeySpace(config.key_prefix))
+    store = DeadLetterStore(sync_client(config), KeySpace.of(config))
     tally = _Tally()
     cursor: Cursor | None = None
     while True:

@@ -126,7 +126,7 @@ class DeadLetterStore:
 
     Args:
         client: a client with decoded (str) replies, as ``connection.sync_client``.
-        keys: the key space (``KeySpace(config.key_prefix)``).
+        keys: the key space (``KeySpace.of(config)``).
         checkpoint_dir: ``config.checkpoint_dir``: where a deleted entry's checkpoint
             files are removed from.
     """

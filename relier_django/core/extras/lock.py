@@ -82,7 +82,7 @@ class Lock:
         self.on_lost, self._clock = on_lost, clock
         self._gives_up_after_s = (timeout_s or 0.0) if blocking else 0.0  # for LockNotAcquired
         self.lost, self._mutex = threading.Event(), threading.Lock()
-        self._keys = KeySpace(config.key_prefix)
+        self._keys = KeySpace.of(config)
         self._ttl_ms = round(ttl_s * 1000)  # Lua gets integer ms, converted here only
         self._hold: _Hold | None = None
 

@@ -81,6 +81,11 @@ class Config:
     # Tests: push() runs the task in this process and never touches Redis or the
     # broker, as Celery's task_always_eager (which turns it on too); docs/testing.md.
     eager: bool = False
+    # Cluster-wide counters and histograms (docs/observability.md), kept by the Lua
+    # scripts that do each act. False: the scripts count nothing (the benchmark's "off").
+    metrics: bool = True
+    # The success ratio the SLO figures measure against (relier_slo_*): 0.999 = 99.9 %.
+    slo_objective: float = 0.999
 
     def __post_init__(self) -> None:
         if self.heartbeat_ttl_s <= 0:
@@ -113,6 +118,10 @@ class Config:
         self.task_admission_limits()  # raises ConfigError on a malformed entry
         if self.admission_limit is not None:
             _rate("admission_limit", self.admission_limit)
+        if not 0 < self.slo_objective < 1:
+            raise ConfigError(
+                f"slo_objective must be > 0 and < 1, e.g. 0.999, not {self.slo_objective}"
+            )
         if not self.key_prefix or any(c in self.key_prefix for c in "{} "):
             raise ConfigError("key_prefix must be non-empty, without braces or spaces")
 

@@ -24,6 +24,11 @@ mix releases:
   drop what a newer one wrote (the checksum and HMAC cover it);
 - a format newer than ``FORMAT_VERSION`` is refused with reason ``schema_migration``
   (its raw body kept): its meaning cannot be guessed.
+
+``trace`` (W3C trace context, see ``tracing``) is such an ignorable field, so it came
+without a new format: an older reader keeps it in ``extra``. It is left out of the
+body when empty, so an untraced envelope and its checksum are byte for byte what they
+were before the field existed.
 """
 
 from __future__ import annotations
@@ -60,7 +65,9 @@ class Envelope:
     counts re-dispatches after a worker died. ``schema_version`` is the task's
     argument schema the producer pushed with; a worker migrates the arguments in
     memory and never rewrites it. ``extra`` holds fields written by a newer
-    relier_django, passed through untouched.
+    relier_django, passed through untouched. ``trace`` is the W3C trace context of the
+    push (``traceparent``, ``tracestate``, as ``opentelemetry.propagate`` writes them),
+    empty when the push was not traced; every later incarnation keeps it.
     """
 
     id: str
@@ -75,6 +82,7 @@ class Envelope:
     created_ms: int = 0
     schema_version: int = 1
     v: int = FORMAT_VERSION
+    trace: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def next_incarnation(self, **changes: Any) -> Envelope:
@@ -84,6 +92,10 @@ class Envelope:
     def _body(self) -> dict[str, Any]:
         body = {name: getattr(self, name) for name in _WIRE_FIELDS}
         body["args"] = list(self.args)
+        if self.trace:
+            body["trace"] = dict(self.trace)
+        else:  # absent, not {}: untraced envelopes stay as they were (module docstring)
+            del body["trace"]
         body.update(self.extra)
         return body
 
@@ -106,7 +118,7 @@ _REQUIRED = {"id", "task", "fence", "v", _CHECKSUM}
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "id": str, "task": str, "args": list, "kwargs": dict, "queue": str,
     "idem_key": (str, type(None)), "fence": int, "attempt": int, "resurrections": int,
-    "created_ms": int, "schema_version": int,
+    "created_ms": int, "schema_version": int, "trace": dict,
 }  # fmt: skip
 
 

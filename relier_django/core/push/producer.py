@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..broker import publish
-from ..model import arguments, config
+from ..model import arguments, config, tracing
 from ..model.envelope import Envelope, decode
 from ..model.errors import AdmissionRejected, DuplicateTaskId
 from ..model.idem_key import derive_key
@@ -81,6 +81,7 @@ def prepare(
         idem_key=idem,
         created_ms=int(time.time() * 1000),
         schema_version=spec.schema.version,
+        trace=tracing.inject(),  # the push span's context, when one is in progress
     )
 
 
@@ -112,7 +113,7 @@ class _Push:
         cfg = config.current()
         env = prepare(spec, args, kwargs, task_id, queue, idempotency_key)
         encoded = env.encode(cfg.signer)
-        return cls(cfg, spec, env, encoded, KeySpace(cfg.key_prefix), when=when)
+        return cls(cfg, spec, env, encoded, KeySpace.of(cfg), when=when)
 
     def store(self, message: tuple[str, str] | None) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
@@ -238,15 +239,17 @@ def push(
             f"{spec.name}.push() was called inside a running event loop, where it would "
             f"block; use `await {spec.name.rsplit('.', 1)[-1]}.apush(...)` instead"
         )
-    # Validation comes first, inside the caller's transaction: bad input raises now.
-    p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key)
-    # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).
-    hook = _transaction_hook if on_commit else None
-    if (diverted := eager.divert(spec, app, p.env, p.cfg, hook, using)) is not None:
-        return diverted
-    if on_commit and (deferred := p.defer(app, using)) is not None:
-        return deferred
-    return p.send_now(app, sync_client(p.cfg))
+    with tracing.push_span(spec.name):
+        # Validation comes first, inside the caller's transaction: bad input raises now.
+        p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key)
+        tracing.annotate(p.env)
+        # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).
+        hook = _transaction_hook if on_commit else None
+        if (diverted := eager.divert(spec, app, p.env, p.cfg, hook, using)) is not None:
+            return diverted
+        if on_commit and (deferred := p.defer(app, using)) is not None:
+            return deferred
+        return p.send_now(app, sync_client(p.cfg))
 
 
 async def apush(
@@ -272,13 +275,15 @@ async def apush(
     ``asyncio.run``) is not the coroutine's, and ``push()`` in that sync code is the
     call that waits for it.
     """
-    p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key)
-    hook = _transaction_hook if on_commit else None
-    if (diverted := await eager.adivert(spec, app, p.env, p.cfg, hook, using)) is not None:
-        return diverted
-    if on_commit and (deferred := p.defer(app, using)) is not None:
-        return deferred
-    return await p.asend_now(app, async_client(p.cfg))
+    with tracing.push_span(spec.name):
+        p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key)
+        tracing.annotate(p.env)
+        hook = _transaction_hook if on_commit else None
+        if (diverted := await eager.adivert(spec, app, p.env, p.cfg, hook, using)) is not None:
+            return diverted
+        if on_commit and (deferred := p.defer(app, using)) is not None:
+            return deferred
+        return await p.asend_now(app, async_client(p.cfg))
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +354,6 @@ def replay(app: Any, envelope: str) -> Receipt:
     spec = getattr(app.tasks.get(env.task), "relier_spec", None)
     if not isinstance(spec, TaskSpec):
         raise ValueError(f"{env.task} is not an @rl_task registered on this Celery app")
-    p = _Push(cfg, spec, env, text, KeySpace(cfg.key_prefix))
+    p = _Push(cfg, spec, env, text, KeySpace.of(cfg))
     logger.warning("replaying a push task=%s task_id=%s", env.task, env.id)
     return p.send_now(app, sync_client(cfg))

@@ -31,7 +31,9 @@ from typing import Any, cast
 import redis
 
 from ..broker import publish
+from ..broker.depth import queue_depth
 from ..dlq import dead_letter as dlq
+from ..model import events
 from ..model.config import Config
 from ..model.envelope import Envelope, decode
 from ..model.errors import EnvelopeError
@@ -105,7 +107,7 @@ class Resurrector:
         self.app = app
         self.config = config
         self.scanner_id = scanner_id
-        self.keys = KeySpace(config.key_prefix)
+        self.keys = KeySpace.of(config)
 
     @property
     def client(self) -> redis.Redis:
@@ -124,14 +126,7 @@ class Resurrector:
 
     def recovery_depth(self) -> int:
         """Messages waiting in the recovery queue (0 when it does not exist yet)."""
-        try:
-            with self.app.connection_for_write() as conn:
-                declared = conn.default_channel.queue_declare(
-                    queue=self.config.recovery_queue, passive=True
-                )
-                return int(declared.message_count)
-        except Exception:  # the broker says "no such queue" in its own way
-            return 0
+        return queue_depth(self.app, self.config.recovery_queue)
 
     def run_pass(self) -> PassReport:
         started = time.perf_counter()
@@ -212,9 +207,11 @@ class Resurrector:
     def _lease(self, ids: list[str]) -> list[_Leased]:
         """resurrect.lua over ``ids``: one call, one reply per task."""
         lease_ms = int(self.config.resurrect_lease_s * 1000)
+        ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
+        grace_ms = int(self.config.queued_grace_s * 1000)
         return scripts.ScriptCall(
             scripts.RESURRECT, self.keys.for_resurrect(ids),
-            [lease_ms, self.scanner_id, uuid.uuid4().hex, *ids],
+            [lease_ms, self.scanner_id, uuid.uuid4().hex, ttl_ms, grace_ms, *ids],
             lambda replies: [_parse_lease(i, r) for i, r in zip(ids, replies, strict=True)],
         ).run(self.client)  # fmt: skip
 
@@ -315,6 +312,10 @@ class Resurrector:
                 env.resurrections,
                 "" if ok else " (superseded meanwhile)",
             )
+            if ok:
+                events.emit(events.TaskResurrected(
+                    env.id, env.task, env.fence, env.resurrections, self.config.recovery_queue
+                ))  # fmt: skip
         return sum(recorded)
 
     def _dead_letter_unreadable(

@@ -68,7 +68,7 @@ class Dispatcher:
         self.app = app
         self.config = config
         self.scanner_id = scanner_id
-        self.keys = KeySpace(config.key_prefix)
+        self.keys = KeySpace.of(config)
 
     @property
     def client(self) -> redis.Redis:

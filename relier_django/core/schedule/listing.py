@@ -161,7 +161,7 @@ def page(
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
     client = client or sync_client(config)
-    keys = KeySpace(config.key_prefix)
+    keys = KeySpace.of(config)
     with client.pipeline(transaction=False) as pipe:
         pipe.time()
         pipe.zcard(keys.schedule)
@@ -336,7 +336,7 @@ def periodic(app: Any, config: Config) -> Periodic:
         redis.RedisError: Redis cannot be read.
     """
     client = sync_client(config)
-    keys = KeySpace(config.key_prefix)
+    keys = KeySpace.of(config)
     entries, rejected = read_entries(app)
     with client.pipeline(transaction=False) as pipe:
         pipe.time()

@@ -211,7 +211,7 @@ class _Firing:
 
     def __init__(self, app: Any, config: Config, now_ms: int) -> None:
         self.app, self.config, self.now_ms = app, config, now_ms
-        self.keys = KeySpace(config.key_prefix)
+        self.keys = KeySpace.of(config)
         self.client = sync_client(config)
         self.lease_ms = int(config.resurrect_lease_s * 1000)
         self.on_time_ms = int((config.leader_lease_ttl_s + config.scan_interval_s) * 1000)

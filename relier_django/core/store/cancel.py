@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from enum import IntEnum
 
-from ..model import outcome
+from ..model import events, outcome
 from ..model.config import Config
 from . import scripts
 from .connection import async_client, sync_client
@@ -28,7 +28,7 @@ class Cancelled(IntEnum):
 
 
 def _call(config: Config, task_id: str, idem: str | None) -> scripts.ScriptCall[Cancelled]:
-    keys, token = KeySpace(config.key_prefix), uuid.uuid4().hex
+    keys, token = KeySpace.of(config), uuid.uuid4().hex
     ttl_ms = int(config.result_ttl_s * 1000)
     return scripts.ScriptCall(
         scripts.CANCEL, keys.for_cancel(task_id, idem or None),
@@ -38,16 +38,28 @@ def _call(config: Config, task_id: str, idem: str | None) -> scripts.ScriptCall[
     )  # fmt: skip
 
 
+def _told(task_id: str, done: Cancelled, name: object, queue: object) -> Cancelled:
+    # Emitted once cancel.lua said it took effect. The name and queue are fixed at push,
+    # so the read before the script (which deletes the hash) holds them.
+    if done is not Cancelled.NOTHING:
+        running = done is Cancelled.WHILE_RUNNING
+        events.emit(events.TaskCancelled(task_id, running, str(name or ""), str(queue or "")))
+    return done
+
+
 def cancel(config: Config, task_id: str) -> Cancelled:
     """Cancel ``task_id`` (sync). Safe to repeat: a finished task is left as it is."""
     client = sync_client(config)
     # The claim's key is fixed at push: read first, then one script decides.
-    idem = client.hget(KeySpace(config.key_prefix).task(task_id), "idem")
-    return _call(config, task_id, str(idem) if idem else None).run(client)
+    idem, name, queue = client.hmget(KeySpace.of(config).task(task_id), "idem", "name", "queue")
+    done = _call(config, task_id, str(idem) if idem else None).run(client)
+    return _told(task_id, done, name, queue)
 
 
 async def acancel(config: Config, task_id: str) -> Cancelled:
     """Async twin of :func:`cancel`."""
     client = async_client(config)
-    idem = await client.hget(KeySpace(config.key_prefix).task(task_id), "idem")
-    return await _call(config, task_id, str(idem) if idem else None).arun(client)
+    key = KeySpace.of(config).task(task_id)
+    idem, name, queue = await client.hmget(key, "idem", "name", "queue")
+    done = await _call(config, task_id, str(idem) if idem else None).arun(client)
+    return _told(task_id, done, name, queue)

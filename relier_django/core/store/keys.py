@@ -25,6 +25,9 @@ returns its KEYS in the order its ``.lua`` header declares.
 | ``<p>:lock:{name}:by``      | string | attempt id that took the current token; TTL one lock TTL |
 | ``<p>:rcpt:<token>``        | string | a call's reply, for its replay after a lost reply; TTL   |
 | ``<p>:rl:{<scope>:<sha256>}`` | hash | a rate limiter's window {w, c, p}; TTL 2 windows        |
+| ``<p>:m``                   | hash   | metrics: counters, histogram buckets; no TTL, bounded   |
+| ``<p>:m:w``                 | hash   | metrics: per-minute (120) and per-hour (80) ring slots  |
+| ``<p>:workers``             | zset   | worker main process id -> liveness deadline (ms)        |
 """
 
 from __future__ import annotations
@@ -33,10 +36,20 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ..model.config import Config
+
 
 @dataclass(frozen=True, slots=True)
 class KeySpace:
     prefix: str = "rl"
+    # False (RELIER["METRICS"] = False): the scripts get '' for the metrics keys and
+    # count nothing.
+    metrics: bool = True
+
+    @classmethod
+    def of(cls, config: Config) -> KeySpace:
+        """The key space a configuration names (its prefix, metrics on or off)."""
+        return cls(config.key_prefix, config.metrics)
 
     # -- single keys -------------------------------------------------------------
     def task(self, task_id: str) -> str:
@@ -125,6 +138,22 @@ class KeySpace:
         digest = hashlib.sha256(key.encode()).hexdigest()
         return f"{self.prefix}:rl:{{{scope}:{digest}}}"
 
+    @property
+    def metrics_counters(self) -> str:
+        return f"{self.prefix}:m"
+
+    @property
+    def metrics_windows(self) -> str:
+        return f"{self.prefix}:m:w"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}:workers"
+
+    def _counted(self) -> list[str]:
+        # The two metrics keys a counting script takes, '' for each when metrics are off.
+        return [self.metrics_counters, self.metrics_windows] if self.metrics else ["", ""]
+
     def all_pattern(self) -> str:
         """A SCAN pattern matching every key of this key space."""
         return f"{self.prefix}:*"
@@ -150,6 +179,7 @@ class KeySpace:
             self.periodic, self.periodic_claims,
             self.schedule_wake,
             self.lock("*"), self.lock_token("*"),
+            self.metrics_counters, self.metrics_windows, self.workers,
         )  # fmt: skip
 
     # -- KEYS for each script, in the order of its header -------------------------
@@ -163,17 +193,18 @@ class KeySpace:
         """``queue_list``: the broker's list (kombu's name, not ours) when push.lua queues
         the message itself."""
         keys = [self.task(task_id), self.history(task_id), self.expiry, self.dlq_entry(task_id),
-                self.result(task_id), self.schedule, self.schedule_wake, *admission]  # fmt: skip
+                self.result(task_id), self.schedule, self.schedule_wake, *self._counted(),
+                *admission]  # fmt: skip
         if idem_key:
             keys.append(idem_key)
         return [*keys, queue_list] if queue_list else keys
 
     def for_abort(self, task_id: str, idem_key: str | None) -> list[str]:
-        keys = [self.task(task_id), self.history(task_id), self.expiry]
+        keys = [self.task(task_id), self.history(task_id), self.expiry, *self._counted()]
         return [*keys, idem_key] if idem_key else keys
 
     def for_start(self, task_id: str) -> list[str]:
-        return [self.task(task_id), self.history(task_id), self.expiry]
+        return [self.task(task_id), self.history(task_id), self.expiry, *self._counted()]
 
     def for_heartbeat(self, task_ids: list[str]) -> list[str]:
         return [self.expiry, *(self.task(t) for t in task_ids)]
@@ -182,7 +213,8 @@ class KeySpace:
         return self.for_heartbeat(task_ids)
 
     def for_commit(self, task_id: str, idem_key: str | None) -> list[str]:
-        keys = [self.task(task_id), self.history(task_id), self.expiry, self.result(task_id)]
+        keys = [self.task(task_id), self.history(task_id), self.expiry, self.result(task_id),
+                *self._counted()]  # fmt: skip
         return [*keys, idem_key] if idem_key else keys
 
     def for_checkpoint(self, task_id: str) -> list[str]:
@@ -190,11 +222,11 @@ class KeySpace:
 
     def for_retry(self, task_id: str) -> list[str]:
         return [self.task(task_id), self.history(task_id), self.expiry, self.schedule,
-                self.schedule_wake]  # fmt: skip
+                self.schedule_wake, *self._counted()]  # fmt: skip
 
     def for_cancel(self, task_id: str, idem_key: str | None) -> list[str]:
         keys = [self.task(task_id), self.history(task_id), self.expiry, self.schedule,
-                self.result(task_id)]  # fmt: skip
+                self.result(task_id), *self._counted()]  # fmt: skip
         return [*keys, idem_key] if idem_key else keys
 
     def for_schedule_take(self, task_ids: Iterable[str]) -> list[str]:
@@ -211,10 +243,13 @@ class KeySpace:
         return keys
 
     def for_resurrected(self, task_ids: Iterable[str]) -> list[str]:
-        return self.for_resurrect(task_ids)
+        return [*self.for_resurrect(task_ids), *self._counted()]
 
     def for_leader(self) -> list[str]:
         return [self.leader]
+
+    def for_presence(self) -> list[str]:
+        return [self.workers]
 
     def for_tick(self) -> list[str]:
         return [self.periodic, self.periodic_claims]
@@ -251,7 +286,7 @@ class KeySpace:
         return [*keys, idem_key] if idem_key else keys
 
     def for_release_done(self, entry_id: str) -> list[str]:
-        return [self.dlq_entry(entry_id)]
+        return [self.dlq_entry(entry_id), *self._counted()]
 
     def for_release_abort(self, entry_id: str, task_id: str, idem_key: str | None) -> list[str]:
         keys = self._released(entry_id, task_id)
@@ -267,6 +302,7 @@ class KeySpace:
             self.dlq_entry(entry_id),
             self.dlq_lex,
             self.dlq_counts,
+            *self._counted(),
         ]
         return [*keys, idem_key] if idem_key else keys
 

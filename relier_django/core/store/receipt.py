@@ -207,7 +207,7 @@ class Receipt:
                 f"the send after commit gave up ({dispatch.error}); its envelope is in the "
                 "ERROR log, replay it with relier_django.transactions.replay()",
             )
-        return KeySpace(self.config.key_prefix).result(dispatch.duplicate_of or self._task_id)
+        return KeySpace.of(self.config).result(dispatch.duplicate_of or self._task_id)
 
     def cancel(self) -> Cancelled:
         """Cancel this task (see :func:`relier_django.cancel`): removed if it has not
@@ -319,14 +319,14 @@ def _queue_reads(pipe: Any, keys: KeySpace, task_id: str) -> None:
 def read_status(config: Config, task_id: str) -> TaskStatus:
     """Where ``task_id`` stands, read from the store in one round trip (sync)."""
     pipe = sync_client(config).pipeline(transaction=False)
-    _queue_reads(pipe, KeySpace(config.key_prefix), task_id)
+    _queue_reads(pipe, KeySpace.of(config), task_id)
     return _status(task_id, pipe.execute())
 
 
 async def aread_status(config: Config, task_id: str) -> TaskStatus:
     """Async twin of :func:`read_status`."""
     pipe = async_client(config).pipeline(transaction=False)
-    _queue_reads(pipe, KeySpace(config.key_prefix), task_id)
+    _queue_reads(pipe, KeySpace.of(config), task_id)
     return _status(task_id, await pipe.execute())
 
 

@@ -48,16 +48,22 @@ def start(
 
 
 def heartbeat(
-    keys: KeySpace, held: Sequence[tuple[str, int]], ttl_ms: int, state: str = "running"
+    keys: KeySpace,
+    held: Sequence[tuple[str, int]],
+    ttl_ms: int,
+    state: str = "running",
+    worker: str = "",
 ) -> scripts.ScriptCall[list[str]]:
     """Refresh all ``(task_id, fence)`` pairs at once; returns the ids that were lost.
 
     ``state`` is what the holder expects: ``running`` (a pool process's tasks) or
-    ``queued`` (a worker's reserved, not yet started messages)."""
+    ``queued`` (a worker's reserved, not yet started messages, which the script marks
+    as held by ``worker``)."""
     ids = [task_id for task_id, _ in held]
     args: list[scripts.Arg] = [ttl_ms, state]
     for task_id, fence in held:
         args += [task_id, fence]
+    args.append(worker)
 
     def parse(reply: list[Any]) -> list[str]:
         return [ids[int(i) - 1] for i in reply]
@@ -65,12 +71,17 @@ def heartbeat(
     return scripts.ScriptCall(scripts.HEARTBEAT, keys.for_heartbeat(ids), args, parse)
 
 
-def handoff(keys: KeySpace, held: Sequence[tuple[str, int]], state: str) -> scripts.ScriptCall[int]:
-    """Give ``(task_id, fence)`` pairs up for immediate resurrection (SIGTERM drain)."""
+def handoff(
+    keys: KeySpace, held: Sequence[tuple[str, int]], state: str, cause: str
+) -> scripts.ScriptCall[int]:
+    """Give ``(task_id, fence)`` pairs up for immediate resurrection. ``cause`` is
+    ``drain`` (a stopping worker) or ``pool_death`` (the pool process died), counted
+    as the resurrection's cause."""
     ids = [task_id for task_id, _ in held]
     args: list[scripts.Arg] = [state]
     for task_id, fence in held:
         args += [task_id, fence]
+    args.append(cause)
     return scripts.ScriptCall(scripts.HANDOFF, keys.for_handoff(ids), args, int)
 
 

@@ -82,7 +82,7 @@ class Heartbeats:
         held = self.held()
         if not held:
             return []
-        keys = KeySpace(self.config.key_prefix)
+        keys = KeySpace.of(self.config)
         ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
         lost = await fencing.heartbeat(keys, held, ttl_ms).arun(async_client(self.config))
         fences = dict(held)

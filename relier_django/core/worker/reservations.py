@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from ..model.config import Config
+from ..store import scripts
 from ..store.connection import sync_client
 from ..store.keys import KeySpace
 from . import fencing
@@ -69,15 +70,24 @@ def waiting_request_ids() -> set[str]:
 class Reservations:
     """The reserved tasks of one worker main process, kept alive from a thread."""
 
-    def __init__(self, config: Config, waiting: Callable[[], set[str]] | None = None) -> None:
-        """``waiting`` returns the ids of the messages the worker holds that no pool
-        process has accepted yet (see :func:`waiting_request_ids`). Any other held id
-        stops being covered at the next refresh; one added since the previous refresh
-        is kept for one more round, since Celery books a request only after the
-        ``task_received`` signal that added it here."""
+    def __init__(
+        self,
+        config: Config,
+        waiting: Callable[[], set[str]] | None = None,
+        worker: str = "",
+    ) -> None:
+        """``worker`` is this main process's id (``hostname:pid``): reserved tasks are
+        marked as held by it, and the thread announces it alive (``presence.lua``, the
+        live view's worker count). ``waiting`` returns the ids of the messages the
+        worker holds that no pool process has accepted yet (see
+        :func:`waiting_request_ids`). Any other held id stops being covered at the next
+        refresh; one added since the previous refresh is kept for one more round, since
+        Celery books a request only after the ``task_received`` signal that added it
+        here."""
         self.config = config
+        self.worker = worker
         self._waiting = waiting
-        self.keys = KeySpace(config.key_prefix)
+        self.keys = KeySpace.of(config)
         self._held: dict[str, int] = {}
         self._fresh: set[str] = set()
         self._lock = threading.Lock()
@@ -86,8 +96,18 @@ class Reservations:
 
     def _refresh(self, held: list[tuple[str, int]]) -> list[str]:
         ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
-        call = fencing.heartbeat(self.keys, held, ttl_ms, state="queued")
+        call = fencing.heartbeat(self.keys, held, ttl_ms, state="queued", worker=self.worker)
         return call.run(sync_client(self.config))
+
+    def announce(self, alive: bool) -> None:
+        """Say this worker is alive for one heartbeat TTL (presence.lua), or leaving."""
+        if not self.worker:
+            return
+        ttl_ms = int(self.config.heartbeat_ttl_s * 1000) if alive else 0
+        args: list[scripts.Arg] = [self.worker, ttl_ms]
+        scripts.ScriptCall(scripts.PRESENCE, self.keys.for_presence(), args, int).run(
+            sync_client(self.config)
+        )
 
     def add(self, task_id: str, fence: int) -> None:
         """Cover a just-received message now (one round trip), then with the rest.
@@ -126,6 +146,7 @@ class Reservations:
             return list(self._held.items())
 
     def refresh_once(self) -> None:
+        self.announce(alive=True)
         with self._lock:
             held = list(self._held.items())
             fresh, self._fresh = self._fresh, set()
@@ -140,14 +161,22 @@ class Reservations:
     def handoff(self) -> int:
         """Give every reserved task up for immediate resurrection (warm shutdown)."""
         self.stop()
+        try:
+            self.announce(alive=False)
+        except Exception:  # the live view only: its entry lapses after one TTL
+            logger.warning("could not remove worker=%s from the live workers", self.worker)
         held = self.held()
         if not held:
             return 0
         self._drop(held)
-        call = fencing.handoff(self.keys, held, state="queued")
+        call = fencing.handoff(self.keys, held, state="queued", cause="drain")
         return call.run(sync_client(self.config))
 
     def run(self) -> None:
+        try:  # alive from the start, not one interval later
+            self.announce(alive=True)
+        except Exception:
+            logger.warning("could not announce worker=%s", self.worker, exc_info=True)
         while not self._stop.wait(self.config.heartbeat_every_s):
             try:
                 self.refresh_once()

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..broker import publish
 from ..dlq import dead_letter as dlq
-from ..model import outcome
+from ..model import outcome, tracing
 from ..model.backoff import backoff_s
 from ..model.config import Config
 from ..model.envelope import Envelope, decode
@@ -88,7 +88,7 @@ class Runner:
         self.app = app
         self.config = config
         self.worker = worker
-        self.keys = KeySpace(config.key_prefix)
+        self.keys = KeySpace.of(config)
         self.signer = config.signer  # verifies what arrives, signs what is re-published
         ttl_s = spec.result_ttl_s if spec and spec.result_ttl_s is not None else config.result_ttl_s
         self.result_ttl_ms = int(ttl_s * 1000)
@@ -162,7 +162,8 @@ class Runner:
             if started.checkpoint:
                 ctx._partial = checkpoint.load(started.checkpoint)
             args = (ctx, *call.args) if spec.wants_context else call.args
-            result = spec.fn(*args, **call.kwargs)
+            with tracing.run_span(env):
+                result = spec.fn(*args, **call.kwargs)
         except (Exception, TaskLost) as exc:
             error = exc
         finally:
@@ -343,9 +344,10 @@ class Runner:
         if stored_checkpoint:  # a file checkpoint is read and hashed off the loop
             ctx._partial = await asyncio.to_thread(checkpoint.load, stored_checkpoint)
         args = (ctx, *call.args) if spec.wants_context else call.args
-        if spec.is_async:
-            return await spec.fn(*args, **call.kwargs)
-        return await asyncio.to_thread(spec.fn, *args, **call.kwargs)
+        with tracing.run_span(env):  # copied into to_thread's context too
+            if spec.is_async:
+                return await spec.fn(*args, **call.kwargs)
+            return await asyncio.to_thread(spec.fn, *args, **call.kwargs)
 
     async def _arguments(self, spec: TaskSpec, env: Envelope) -> Call:
         if env.schema_version == spec.schema.version:

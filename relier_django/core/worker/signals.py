@@ -112,8 +112,13 @@ def _on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
 
 
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
-    global _scanner
+    global _scanner, _reservations
     cfg = config.current()
+    if _reservations is None:  # from now on, this worker shows in the live view
+        _reservations = Reservations(
+            cfg, waiting_request_ids, worker_id(getattr(sender, "hostname", None))
+        )
+        _reservations.start_thread()
     if not cfg.embedded_resurrector or _scanner is not None:
         return
     app = getattr(sender, "app", None)
@@ -161,8 +166,9 @@ def _drain_then_handoff(cfg: config.Config) -> None:
     if not held:
         return
     try:
-        keys = KeySpace(cfg.key_prefix)
-        handed = fencing.handoff(keys, held, state="running").run(sync_client(cfg))
+        keys = KeySpace.of(cfg)
+        call = fencing.handoff(keys, held, state="running", cause="drain")
+        handed = call.run(sync_client(cfg))
         logger.warning(
             "shutdown: drain timeout (%ss) passed; handed off %s running task(s) to resurrection",
             cfg.drain_timeout_s,
@@ -180,7 +186,8 @@ def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None
     if fence is None:
         return  # not an @rl_task envelope
     if _reservations is None:
-        _reservations = Reservations(config.current(), waiting_request_ids)
+        host = getattr(request, "hostname", None)
+        _reservations = Reservations(config.current(), waiting_request_ids, worker_id(host))
         _reservations.start_thread()
     _reservations.add(request.id, fence)
 
@@ -209,12 +216,12 @@ def _on_task_failure(
     if fence is None:
         return  # not an @rl_task envelope
     cfg = config.current()
-    keys, held = KeySpace(cfg.key_prefix), [(task_id, fence)]
+    keys, held = KeySpace.of(cfg), [(task_id, fence)]
     try:
         client = sync_client(cfg)
-        handed = fencing.handoff(keys, held, state="running").run(client) or fencing.handoff(
-            keys, held, state="queued"
-        ).run(client)
+        handed = fencing.handoff(keys, held, state="running", cause="pool_death").run(
+            client
+        ) or fencing.handoff(keys, held, state="queued", cause="pool_death").run(client)
     except Exception:
         logger.error(
             "pool process died running task_id=%s; hand-off failed, it expires in one TTL",
@@ -254,7 +261,7 @@ def _on_time_limit(sender: Any, task_id: str, exception: Any, args: Any) -> None
     ttl_s = getattr(spec, "result_ttl_s", None) or cfg.result_ttl_s
     limit_s = exception.args[0] if exception.args else "?"
     host = getattr(getattr(sender, "request", None), "hostname", None)
-    keys = KeySpace(cfg.key_prefix)
+    keys = KeySpace.of(cfg)
     try:
         client = sync_client(cfg)
         moved = timeouts.killed(
@@ -262,7 +269,8 @@ def _on_time_limit(sender: Any, task_id: str, exception: Any, args: Any) -> None
         ).run(client)
         handed = 0
         if not moved.accepted and moved.state == "queued" and moved.value == env.fence:
-            handed = fencing.handoff(keys, [(env.id, env.fence)], state="queued").run(client)
+            call = fencing.handoff(keys, [(env.id, env.fence)], state="queued", cause="pool_death")
+            handed = call.run(client)
     except Exception:
         logger.error(
             "hard time limit task_id=%s fence=%s: dead-letter failed; it expires in one TTL",

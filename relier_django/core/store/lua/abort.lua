@@ -6,13 +6,16 @@
 -- call listed by push.lua still counts on it.
 --
 -- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
--- KEYS[4]  idempotency key (only for idempotent tasks)
+-- KEYS[4]  metrics counters   KEYS[5]  metrics windows ('' each when metrics are off)
+-- KEYS[6]  idempotency key (only for idempotent tasks)
 -- ARGV[1]  task id
 -- ARGV[2]  the push token the failed call gave push.lua
 -- RETURNS  1 nothing of the push is left: undone now, or before (a replay of this call
 --            after a lost reply finds the task gone and answers the same)
 --          0 kept: the task has moved on (started, superseded) or another push of the
 --            identical envelope still counts on it; nothing else touched
+-- Counts: an undone store takes back its 'pushed' (once: a replay finds the task gone).
+-- @include _metrics
 local id = ARGV[1]
 if redis.call('HDEL', KEYS[1], 'push:' .. ARGV[2]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'pushers', -1)
@@ -26,7 +29,8 @@ if f[1] ~= 'queued' or f[2] ~= '1' or (tonumber(f[3]) or 0) > 0 then
 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('ZREM', KEYS[3], id)
-if KEYS[4] and redis.call('GET', KEYS[4]) == id then
-  redis.call('DEL', KEYS[4])
+if KEYS[6] and redis.call('GET', KEYS[6]) == id then
+  redis.call('DEL', KEYS[6])
 end
+metric_count(KEYS[4], 'pushed', -1)
 return 1

@@ -7,7 +7,8 @@
 --
 -- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
 -- KEYS[4]  schedule index   KEYS[5]  result key
--- KEYS[6]  idempotency key (only when the task holds one, as its hash names it)
+-- KEYS[6]  metrics counters   KEYS[7]  metrics windows ('' each when metrics are off)
+-- KEYS[8]  idempotency key (only when the task holds one, as its hash names it)
 -- ARGV[1]  task id
 -- ARGV[2]  the outcome record to keep when it had not started, JSON ({"status":
 --          "cancelled", "by": <request token>, "running": false})
@@ -18,6 +19,8 @@
 --          0 nothing to cancel: finished (its outcome stands), or unknown
 --          A replay of this call after a lost reply finds its own record (the token
 --          in it) and answers as the first call did.
+-- Counts: 'cancelled' once per task cancelled (a replay answers before counting).
+-- @include _metrics
 local id = ARGV[1]
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
@@ -33,7 +36,8 @@ redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('ZREM', KEYS[3], id)
 redis.call('ZREM', KEYS[4], id)
 redis.call('SET', KEYS[5], state == 'running' and ARGV[4] or ARGV[2], 'PX', tonumber(ARGV[3]))
-if KEYS[6] and redis.call('GET', KEYS[6]) == id then
-  redis.call('DEL', KEYS[6])
+if KEYS[8] and redis.call('GET', KEYS[8]) == id then
+  redis.call('DEL', KEYS[8])
 end
+metric_count(KEYS[6], 'cancelled')
 return state == 'running' and 2 or 1

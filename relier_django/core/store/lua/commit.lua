@@ -4,7 +4,8 @@
 --
 -- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
 -- KEYS[4]  result key
--- KEYS[5]  idempotency key (only for idempotent tasks)
+-- KEYS[5]  metrics counters   KEYS[6]  metrics windows ('' each when metrics are off)
+-- KEYS[7]  idempotency key (only for idempotent tasks)
 -- ARGV[1]  task id
 -- ARGV[2]  fence of the committing incarnation
 -- ARGV[3]  outcome record, JSON, as receipts read it; it names the committing fence
@@ -13,19 +14,28 @@
 --                              reply: the task is gone and its result is this record,
 --                              which only this fence's one running copy can write)
 --          {0, current_fence}  rejected: the fence moved (-1: the task is gone)
+-- Counts: 'committed' and the minute's and hour's 'ok' once per task; 'stale' per refused
+-- call (a zombie's commit; a client retry of a refused call counts again).
+-- @include _metrics
 local id = ARGV[1]
 local fields = redis.call('HMGET', KEYS[1], 'fence', 'state')
 if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
   if not fields[1] and redis.call('GET', KEYS[4]) == ARGV[3] then
     return {1, 0}
   end
+  metric_count(KEYS[5], 'stale')
   return {0, tonumber(fields[1]) or -1}
 end
 local ttl = tonumber(ARGV[4])
 redis.call('SET', KEYS[4], ARGV[3], 'PX', ttl)
-if KEYS[5] and redis.call('GET', KEYS[5]) == id then
-  redis.call('PEXPIRE', KEYS[5], ttl)
+if KEYS[7] and redis.call('GET', KEYS[7]) == id then
+  redis.call('PEXPIRE', KEYS[7], ttl)
 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('ZREM', KEYS[3], id)
+metric_count(KEYS[5], 'committed')
+if KEYS[6] ~= '' then
+  local t = redis.call('TIME')
+  metric_window(KEYS[6], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), 'ok', 1)
+end
 return {1, 0}

@@ -6,7 +6,8 @@
 -- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index   KEYS[4]  result key
 -- KEYS[5]  DLQ time index   KEYS[6]  DLQ entry hash   KEYS[7]  DLQ lex index
 -- KEYS[8]  DLQ counts
--- KEYS[9]  idempotency key (only for idempotent tasks)
+-- KEYS[9]  metrics counters   KEYS[10]  metrics windows ('' each when metrics are off)
+-- KEYS[11] idempotency key (only for idempotent tasks)
 -- ARGV[1]  task id
 -- ARGV[2]  fence of the failing incarnation, or '' for a message that cannot be tied
 --          to a stored task (malformed, bad checksum): then only the entry is written
@@ -31,7 +32,10 @@
 --                                 under its entry id: a second copy of it)
 --          {0, current_fence, state}  rejected: the fence moved (-1: the task is
 --                                 gone), or the task is not in the state held
+-- Counts: 'dlq:<reason>' and the minute's and hour's 'dlq' once per filing (a second
+-- copy of an unfenced message, filed already, is not counted again).
 -- @include _dlq_index
+-- @include _metrics
 local id = ARGV[1]
 local fenced = ARGV[2] ~= ''
 local filed = redis.call('HMGET', KEYS[6], 'req', 'at_ms')
@@ -74,10 +78,12 @@ end
 dlq_index_add(KEYS[5], KEYS[7], KEYS[8], ARGV[3], ARGV[8], ARGV[9], now_ms)
 if fenced then
   redis.call('SET', KEYS[4], ARGV[5], 'PX', tonumber(ARGV[6]))
-  if KEYS[9] and redis.call('GET', KEYS[9]) == id then
-    redis.call('DEL', KEYS[9])
+  if KEYS[11] and redis.call('GET', KEYS[11]) == id then
+    redis.call('DEL', KEYS[11])
   end
   redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('ZREM', KEYS[3], id)
 end
+metric_count(KEYS[9], 'dlq:' .. ARGV[9])
+metric_window(KEYS[10], now_ms, 'dlq', 1)
 return {1, now_ms}

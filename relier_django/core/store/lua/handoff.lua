@@ -8,6 +8,8 @@
 -- ARGV[1]      the state the caller holds the tasks in: 'queued' (reserved) or 'running'
 -- ARGV[2i]     task id of the i-th task
 -- ARGV[2i+1]   fence the caller holds for the i-th task
+-- ARGV[2#KEYS]  why: 'drain' (a stopping worker) or 'pool_death' (its pool process
+--              died); resurrect.lua counts the resurrection under it
 -- RETURNS      how many tasks were handed off (the others had moved on: started,
 --              finished, superseded). A task already handed off at the caller's fence
 --              counts as handed off and is left as it is, so a replay of this call
@@ -19,7 +21,7 @@ for i = 2, #KEYS do
   local id, fence = ARGV[2 * (i - 1)], ARGV[2 * (i - 1) + 1]
   local fields = redis.call('HMGET', KEYS[i], 'fence', 'state')
   if fields[1] == fence and fields[2] == ARGV[1] then
-    redis.call('HSET', KEYS[i], 'state', 'handoff')
+    redis.call('HSET', KEYS[i], 'state', 'handoff', 'ho_cause', ARGV[2 * #KEYS])
     redis.call('ZADD', KEYS[1], now_ms, id)
     handed = handed + 1
   elseif fields[1] == fence and fields[2] == 'handoff' then

@@ -15,6 +15,9 @@
 -- ARGV[2]      the state the holder expects: 'running' or 'queued'
 -- ARGV[1+2i]   task id of the i-th task
 -- ARGV[2+2i]   fence the caller holds for the i-th task
+-- ARGV[2#KEYS+1]  the holder's worker id: a reserved task ('queued') not yet marked
+--              with it is marked once (field 'worker'), so that the live view tells
+--              reserved from queued and a resurrection of it counts as 'heartbeat'
 -- RETURNS      the positions i (1-based) whose refresh failed: fence moved, state
 --              changed (e.g. a reserved task started) or task gone
 local t = redis.call('TIME')
@@ -22,9 +25,12 @@ local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ton
 local lost = {}
 for i = 2, #KEYS do
   local id, fence = ARGV[2 * i - 1], ARGV[2 * i]
-  local fields = redis.call('HMGET', KEYS[i], 'fence', 'state')
+  local fields = redis.call('HMGET', KEYS[i], 'fence', 'state', 'worker')
   if fields[1] == fence and fields[2] == ARGV[2] then
     redis.call('ZADD', KEYS[1], deadline, id)
+    if fields[2] == 'queued' and (not fields[3] or fields[3] == '') and ARGV[2 * #KEYS + 1] then
+      redis.call('HSET', KEYS[i], 'worker', ARGV[2 * #KEYS + 1])
+    end
   else
     lost[#lost + 1] = i - 1
   end

@@ -9,8 +9,10 @@
 -- KEYS[5]  outcome (result) key <p>:r:{id}
 -- KEYS[6]  schedule index (zset) <p>:sched: task id -> due time, ms (Redis clock)
 -- KEYS[7]  the scheduler's wake-up list <p>:sched:wake (one element at most)
--- KEYS[8..7+n]  admission counters (n = ARGV[7]; global, per task), see _admission.lua
--- KEYS[8+n]     idempotency key <p>:i:<task>:<sha256>   (only for idempotent tasks)
+-- KEYS[8]  metrics counters <p>:m ('' when metrics are off; see _metrics.lua)
+-- KEYS[9]  metrics windows <p>:m:w (unused here; every counting script takes both)
+-- KEYS[10..9+n]  admission counters (n = ARGV[7]; global, per task), see _admission.lua
+-- KEYS[10+n]     idempotency key <p>:i:<task>:<sha256>   (only for idempotent tasks)
 -- KEYS[#KEYS]   the broker's queue list (only with ARGV[8+2n]; kombu's Redis transport)
 -- ARGV[1]  task id
 -- ARGV[2]  envelope, canonical JSON, fence 1
@@ -51,7 +53,10 @@
 -- Re-running the same call (a client retry after a lost reply) returns {1, id} again,
 -- without counting, queueing or listing it twice. Another call with the identical
 -- envelope is answered {1, id} as well (the task it asked for is stored) and listed.
+-- Counts: 'pushed' per task stored (not a duplicate, not a replay); 'refused' per call
+-- refused by admission control (a client retry of a refused call counts again).
 -- @include _admission
+-- @include _metrics
 local id = ARGV[1]
 local n = tonumber(ARGV[7] or '0')
 local message = ARGV[8 + 2 * n]
@@ -65,8 +70,8 @@ if message and message ~= '' then
   last = last - 1
 end
 local idem
-if last >= 8 + n then
-  idem = KEYS[8 + n]
+if last >= 10 + n then
+  idem = KEYS[10 + n]
 end
 local existing = redis.call('HMGET', KEYS[1], 'env', 'state')
 if existing[1] then
@@ -91,11 +96,12 @@ if idem then
   end
 end
 if n > 0 then
-  local wait = admission_wait_ms(8, n, 8)
+  local wait = admission_wait_ms(10, n, 8)
   if wait > 0 then
+    metric_count(KEYS[8], 'refused')
     return {-3, wait}
   end
-  admission_count(8, n, 8)
+  admission_count(10, n, 8)
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -109,6 +115,7 @@ redis.call('HSET', KEYS[1],
   'env', ARGV[2], 'fence', 1, 'state', scheduled and 'scheduled' or 'queued', 'attempt', 1,
   'res', 0, 'name', ARGV[3], 'queue', ARGV[4], 'idem', idem or '', 'created_ms', now_ms,
   'maxres', ARGV[6], 'pushers', 1, pusher, 1)
+metric_count(KEYS[8], 'pushed')
 if due then
   redis.call('HSET', KEYS[1], 'due_ms', due)
 end

@@ -10,7 +10,10 @@
 -- ARGV[1]        lease, ms: how long this scanner has to dispatch before another may retry
 -- ARGV[2]        scanner id (for the history)
 -- ARGV[3]        request token: unique per call, the same in a replay of it
--- ARGV[3+i]      task id of the i-th task
+-- ARGV[4]        heartbeat TTL, ms   ARGV[5]  queued grace, ms: with a task's deadline,
+--                they date its last sign of life (its last heartbeat; for a message no
+--                worker ever held, its send), where a recovery's latency starts
+-- ARGV[5+i]      task id of the i-th task
 -- RETURNS        one reply per task, in order:
 --   {1, new_fence, envelope, resurrections, name, queue, idem}   leased: dispatch the
 --      envelope with new_fence
@@ -35,7 +38,21 @@
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = now_ms + tonumber(ARGV[1])
-local first = 4  -- ARGV index of the first task id
+local first = 6  -- ARGV index of the first task id
+local ttl_ms, grace_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
+
+-- Why a leased task needs recovering (the 'res:<cause>' counter resurrected.lua keeps),
+-- and its last sign of life: a hand-off (drain, pool_death) dates it by its deadline,
+-- the hand-off itself; a running or reserved task (its worker set) by its last
+-- heartbeat; a message no worker ever held by its send.
+local function cause_of(state, worker, handed_cause, deadline)
+  if state == 'handoff' then
+    return handed_cause or 'drain', deadline
+  elseif state == 'running' or (worker and worker ~= '') then
+    return 'heartbeat', deadline - ttl_ms
+  end
+  return 'unsent', deadline - grace_ms
+end
 
 -- The history entry around its per-task fields, built once per call.
 local expired_head = '{"at_ms":' .. now_ms .. ',"event":"expired","fence":'
@@ -101,7 +118,7 @@ local function resurrect(id, deadline, hash, history)
     return (not again and replayed(hash)) or {0, 'alive'}
   end
   local f = redis.call('HMGET', hash, 'fence', 'env', 'res', 'maxres', 'state', 'worker',
-    'name', 'queue', 'idem')
+    'name', 'queue', 'idem', 'rc_found', 'ho_cause')
   if not f[1] then
     redis.call('ZREM', KEYS[1], id)
     moved[id] = false
@@ -119,7 +136,15 @@ local function resurrect(id, deadline, hash, history)
     redis.call('HSET', hash, 'state', 'dying', 'lease', ARGV[3])
   else
     code, fence = 1, fence + 1
-    redis.call('HSET', hash, 'fence', fence, 'state', 'queued', 'worker', '', 'lease', ARGV[3])
+    local cause, seen = cause_of(f[5], f[6], f[11], tonumber(deadline))
+    if f[10] then  -- a re-lease: the recovery stays dated by its first lease
+      redis.call('HSET', hash, 'fence', fence, 'state', 'queued', 'worker', '',
+        'lease', ARGV[3], 'res_cause', cause)
+    else
+      redis.call('HSET', hash, 'fence', fence, 'state', 'queued', 'worker', '',
+        'lease', ARGV[3], 'res_cause', cause, 'rc_cause', cause, 'rc_seen', seen,
+        'rc_found', now_ms)
+    end
   end
   -- Only a task whose every step succeeded is leased.
   leases[#leases + 1] = lease_until

@@ -9,6 +9,7 @@
 --
 -- KEYS[1]        expiry index
 -- KEYS[2i]       task hash of the i-th task    KEYS[2i+1]  its history list
+-- KEYS[#KEYS-1]  metrics counters   KEYS[#KEYS]  metrics windows ('' when metrics are off)
 -- ARGV[1]        queued grace, ms (as in push.lua)
 -- ARGV[4i-2]     task id of the i-th task
 -- ARGV[4i-1]     fence of its dispatched incarnation
@@ -16,20 +17,24 @@
 -- ARGV[4i+1]     history event: JSON object without its opening brace (see start.lua)
 -- RETURNS        one integer per task, in order: 1 recorded; 0 the fence moved on
 --                meanwhile (nothing written for that task)
+-- Counts: 'res:<cause>' (the cause resurrect.lua wrote) once per resurrection; 'rc_sent'
+-- and 'q_ms' date the send, for start.lua's recovery and queue-wait figures.
 -- Each resurrection is counted once: the task hash keeps the fence it was counted for
 -- ('res_fence'), so a replay of this call after a lost reply answers 1 again and
 -- writes nothing (no second count, history event or grace).
 -- A task hash whose count is not an integer fails the call; the tasks before it in the
 -- batch stay recorded whole (queued grace included), as if each had its own call.
 --
--- Cost: a task costs three calls (HMGET; one HSET of the count and its fence, with the
--- envelope when one is passed; the history RPUSH); the queued graces are written in one
--- ZADD.
+-- Cost: a task costs four calls (HMGET; one HSET of the count and its fence, with the
+-- envelope when one is passed; the history RPUSH; the 'res:<cause>' count); the queued
+-- graces are written in one ZADD.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local grace_until = now_ms + tonumber(ARGV[1])
 local at_ms = '{"at_ms":' .. now_ms .. ','
+local metrics = KEYS[#KEYS - 1]
 
+-- @include _metrics
 -- A count as HINCRBY would take it (missing is 0), small enough for Lua to be exact.
 local function count_of(raw)
   if not raw then
@@ -44,7 +49,7 @@ end
 local graces = {}  -- score, id pairs, written in one ZADD after the batch
 
 local function recorded(id, fence, env, event, hash, history)
-  local f = redis.call('HMGET', hash, 'fence', 'state', 'res', 'res_fence')
+  local f = redis.call('HMGET', hash, 'fence', 'state', 'res', 'res_fence', 'res_cause')
   if f[1] ~= fence then
     return 0
   end
@@ -53,10 +58,12 @@ local function recorded(id, fence, env, event, hash, history)
   end
   local res = count_of(f[3]) + 1  -- checked before anything is written
   if env ~= '' then
-    redis.call('HSET', hash, 'res', res, 'res_fence', fence, 'env', env)
+    redis.call('HSET', hash, 'res', res, 'res_fence', fence, 'rc_sent', now_ms, 'q_ms', now_ms,
+      'env', env)
   else
-    redis.call('HSET', hash, 'res', res, 'res_fence', fence)
+    redis.call('HSET', hash, 'res', res, 'res_fence', fence, 'rc_sent', now_ms, 'q_ms', now_ms)
   end
+  metric_count(metrics, 'res:' .. (f[5] or 'unknown'))
   -- The new incarnation may already have started (its heartbeat owns the deadline then).
   if f[2] == 'queued' then
     graces[#graces + 1] = grace_until

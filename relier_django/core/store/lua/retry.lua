@@ -4,6 +4,7 @@
 --
 -- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
 -- KEYS[4]  schedule index   KEYS[5]  the scheduler's wake-up list
+-- KEYS[6]  metrics counters   KEYS[7]  metrics windows ('' each when metrics are off)
 -- ARGV[1]  task id
 -- ARGV[2]  fence of the failed incarnation (must be current)
 -- ARGV[3]  the next envelope, canonical JSON, carrying fence ARGV[2] + 1
@@ -18,6 +19,9 @@
 --                                 of this call after a lost reply, found by its token,
 --                                 answers the same, so the retry is still sent)
 --          {0, current_fence}     rejected: the fence moved (-1: the task is gone)
+-- Counts: 'retried' once per retry (a replay answers before counting). 'q_ms' (when the
+-- next incarnation may start) is what start.lua measures its queue wait from.
+-- @include _metrics
 local id = ARGV[1]
 local fields = redis.call('HMGET', KEYS[1], 'fence', 'state', 'retry_req')
 if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
@@ -34,7 +38,8 @@ redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 local delay = tonumber(ARGV[4])
 local state = delay > 0 and 'scheduled' or 'queued'
 redis.call('HSET', KEYS[1], 'env', ARGV[3], 'state', state, 'worker', '',
-  'retry_req', ARGV[7], 'retry_state', state)
+  'retry_req', ARGV[7], 'retry_state', state, 'q_ms', now_ms + delay)
+metric_count(KEYS[6], 'retried')
 redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[6])
 if state == 'scheduled' then
   local due = now_ms + delay

@@ -6,6 +6,7 @@
 -- is answered as the start it was, so a worker never abandons its own valid run.
 --
 -- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
+-- KEYS[4]  metrics counters   KEYS[5]  metrics windows ('' each when metrics are off)
 -- ARGV[1]  task id
 -- ARGV[2]  fence carried by the message
 -- ARGV[3]  worker id (hostname:pid)
@@ -22,6 +23,14 @@
 --          {0, 'gone', -1}                no such task (finished, dead-lettered, never stored)
 --          {0, 'stale', current_fence}    the fence has moved on
 --          {0, 'started', current_fence}  this incarnation already started elsewhere
+-- Observes, once per start (a replay answers before): histogram 'queue_wait', from when
+-- this incarnation could first start (pushed, sent again, or due) to now; and, for an
+-- incarnation a resurrection made, the recovery it ends. resurrect.lua marked the task
+-- (rc_cause, rc_seen: its last sign of life, rc_found: when a scanner leased it) and
+-- resurrected.lua added rc_sent (when the broker took it): 'recovery:<cause>' (seen ->
+-- now), 'detection' (seen -> found), 'redispatch' (found -> sent), 'restart' (sent ->
+-- now), and the minute's recovery count, sum and maximum. The marks then go.
+-- @include _metrics
 local id = ARGV[1]
 local current, partial = unpack(redis.call('HMGET', KEYS[1], 'fence', 'partial'))
 if not current then
@@ -30,8 +39,9 @@ end
 if current ~= ARGV[2] then
   return {0, 'stale', tonumber(current)}
 end
-local state, run, due, expires = unpack(redis.call('HMGET', KEYS[1], 'state', 'run',
-  'due_ms', 'expires_ms'))
+local state, run, due, expires, created, queued, cause, seen, found, sent = unpack(
+  redis.call('HMGET', KEYS[1], 'state', 'run', 'due_ms', 'expires_ms', 'created_ms', 'q_ms',
+    'rc_cause', 'rc_seen', 'rc_found', 'rc_sent'))
 if state ~= 'queued' then
   if state == 'running' and run == ARGV[6] then
     return {1, '', tonumber(current), partial or '', due or ''}
@@ -47,4 +57,17 @@ redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[3], 'started_ms',
   'run', ARGV[6])
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]), id)
 redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[5])
+if KEYS[4] ~= '' then
+  local ready = math.max(tonumber(queued or created) or now_ms, tonumber(due) or 0)
+  metric_observe(KEYS[4], 'queue_wait', now_ms - ready)
+  if found then
+    seen, found, sent = tonumber(seen), tonumber(found), tonumber(sent) or now_ms
+    metric_observe(KEYS[4], 'recovery:' .. (cause or 'unknown'), now_ms - seen)
+    metric_observe(KEYS[4], 'detection', found - seen)
+    metric_observe(KEYS[4], 'redispatch', sent - found)
+    metric_observe(KEYS[4], 'restart', now_ms - sent)
+    metric_window_recovery(KEYS[5], now_ms, now_ms - seen)
+    redis.call('HDEL', KEYS[1], 'rc_cause', 'rc_seen', 'rc_found', 'rc_sent')
+  end
+end
 return {1, '', tonumber(current), partial or '', due or ''}

@@ -1,0 +1,88 @@
+-- _metrics.lua (included): the cluster-wide counters, histograms and time windows that
+-- relier_django's metrics endpoint reads (core/observe/figures.py parses them).
+-- A script counts the act it does, in the same step, so a count costs no round trip and
+-- is exactly as true as the act: a replay that answers from its own evidence returns
+-- before it counts, so nothing is counted twice.
+-- A metrics key passed as '' (RELIER["METRICS"] = False) makes every function a no-op.
+--
+-- <p>:m, the counters hash:
+--   <counter>          a monotonic count (pushed, committed, dlq:<reason>, ...)
+--   h:<name>:<b>       observations of histogram <name> in bucket b (1-based, not
+--                      cumulative; b = #METRIC_BOUNDS_MS + 1 is +Inf)
+--   h:<name>:sum       the sum of its observations, ms
+-- <p>:m:w, the windows hash: two rings of slots, each slot reset when it is reused.
+--   m<k>               the minute index (floor(ms / 60000)) slot k = minute % 120 holds
+--   m<k>:<field>       that minute's count (ok, dlq, rec_n, rec_ms, rec_max)
+--   h<k>, h<k>:<field> the same per hour, 80 slots (ok, dlq): the 3-day SLO window
+local METRIC_BOUNDS_MS = {10, 25, 50, 100, 250, 500, 1000, 2000, 5000, 10000, 12500,
+  15000, 20000, 30000, 60000, 120000, 300000}
+local METRIC_MINUTE_SLOTS, METRIC_HOUR_SLOTS = 120, 80
+local METRIC_MINUTE_FIELDS = {'ok', 'dlq', 'rec_n', 'rec_ms', 'rec_max'}
+local METRIC_HOUR_FIELDS = {'ok', 'dlq'}
+
+local function metric_count(mkey, field, n)
+  if mkey ~= '' and redis.call('HINCRBY', mkey, field, n or 1) == 0 then
+    -- A count taken back to nothing (abort.lua) leaves no field: absent reads as 0, and
+    -- a push undone in full leaves the store as it found it.
+    redis.call('HDEL', mkey, field)
+  end
+end
+
+local function metric_observe(mkey, name, ms)
+  if mkey == '' then
+    return
+  end
+  ms = math.max(0, math.floor(ms))
+  local b = #METRIC_BOUNDS_MS + 1
+  for i = 1, #METRIC_BOUNDS_MS do
+    if ms <= METRIC_BOUNDS_MS[i] then
+      b = i
+      break
+    end
+  end
+  redis.call('HINCRBY', mkey, 'h:' .. name .. ':' .. b, 1)
+  redis.call('HINCRBY', mkey, 'h:' .. name .. ':sum', ms)
+end
+
+local function metric_slot(wkey, ring, index, slots, fields)
+  local slot = ring .. (index % slots)
+  if redis.call('HGET', wkey, slot) ~= tostring(index) then
+    local stale = {}
+    for i = 1, #fields do
+      stale[i] = slot .. ':' .. fields[i]
+    end
+    redis.call('HDEL', wkey, unpack(stale))
+    redis.call('HSET', wkey, slot, index)
+  end
+  return slot
+end
+
+-- Adds n to field in the slot of now_ms's minute, and of its hour when the hour ring
+-- keeps that field (ok, dlq).
+local function metric_window(wkey, now_ms, field, n)
+  if wkey == '' then
+    return
+  end
+  local minute = math.floor(now_ms / 60000)
+  local m = metric_slot(wkey, 'm', minute, METRIC_MINUTE_SLOTS, METRIC_MINUTE_FIELDS)
+  redis.call('HINCRBY', wkey, m .. ':' .. field, n)
+  if field == 'ok' or field == 'dlq' then
+    local h = metric_slot(wkey, 'h', math.floor(minute / 60), METRIC_HOUR_SLOTS,
+      METRIC_HOUR_FIELDS)
+    redis.call('HINCRBY', wkey, h .. ':' .. field, n)
+  end
+end
+
+-- One recovery of ms milliseconds in now_ms's minute: its count, sum and maximum.
+local function metric_window_recovery(wkey, now_ms, ms)
+  if wkey == '' then
+    return
+  end
+  local m = metric_slot(wkey, 'm', math.floor(now_ms / 60000), METRIC_MINUTE_SLOTS,
+    METRIC_MINUTE_FIELDS)
+  redis.call('HINCRBY', wkey, m .. ':rec_n', 1)
+  redis.call('HINCRBY', wkey, m .. ':rec_ms', ms)
+  if ms > tonumber(redis.call('HGET', wkey, m .. ':rec_max') or '-1') then
+    redis.call('HSET', wkey, m .. ':rec_max', ms)
+  end
+end
