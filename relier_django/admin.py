@@ -17,7 +17,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
-from . import admin_schedule, admin_views
+from . import admin_overview, admin_schedule, admin_views
 from .models import MANAGE_PERMISSION, VIEW_PERMISSION, DeadLetter
 
 
@@ -58,5 +58,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
             # Read-only schedule pages (docs/scheduling.md): the view permission suffices.
             path("scheduled/", wrap(admin_schedule.scheduled_list), name=f"{info}_scheduled"),
             path("periodic/", wrap(admin_schedule.periodic_list), name=f"{info}_periodic"),
+            # The cluster at a glance (docs/admin-overview.md): read-only, view permission.
+            path("overview/", wrap(admin_overview.overview), name=f"{info}_overview"),
             path("entry/<path:entry_id>/", wrap(admin_views.detail), name=f"{info}_detail"),
         ]

@@ -1,0 +1,228 @@
+"""The admin's Relier overview: the cluster at a glance (docs/admin-overview.md).
+
+One reading of ``metrics.read`` (what the metrics endpoint and ``relier_status`` show)
+and of ``scheduled.periodic``, laid out as the admin's tables, with three charts of the
+last hour drawn as inline SVG by ``admin_charts``: no JavaScript, no asset to fetch, no
+inline style for a Content-Security-Policy to refuse. The chart functions are pure and
+escape every text they write, which is why the view may mark their output safe; task
+names and ids never reach an SVG (they are in the HTML lists, autoescaped by the
+template).
+
+Read-only: the page asks for the DLQ's view permission, as the schedule pages do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from django.contrib.admin import ModelAdmin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.safestring import mark_safe
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from redis.exceptions import RedisError
+
+from . import dlq, metrics, scheduled
+from .admin_charts import hh_mm, svg_bars, svg_lines
+from .core.observe.figures import Figures, Histogram, Minute
+from .core.observe.live import Task
+from .dlq_render import utc_text
+
+logger = logging.getLogger(__name__)
+
+TASK_LIMIT = 50  # in-flight tasks listed, running first, oldest first within a state
+TEMPLATE = "admin/relier_django/overview.html"
+
+
+def charts(minutes: Sequence[Minute]) -> dict[str, str]:
+    """The three charts of the last hour: throughput, recovery latency, DLQ inflow."""
+    span = (minutes[0].at_s, minutes[-1].at_s) if minutes else None
+    latency = [
+        ("mean", [(m.at_s, m.recovery_mean_s or 0.0) for m in minutes if m.recoveries]),
+        ("max", [(m.at_s, m.recovery_max_s) for m in minutes if m.recoveries]),
+    ]
+    return {
+        "throughput": svg_bars(
+            [(m.at_s, m.committed) for m in minutes],
+            title="Tasks committed per minute, last hour", unit="tasks/min", x_label=hh_mm,
+        ),
+        "recovery": svg_lines(
+            latency, title="Recovery latency per minute (mean and max), last hour",
+            unit="s", x_span=span, gap=60, x_label=hh_mm,
+        ),
+        "dlq_inflow": svg_bars(
+            [(m.at_s, m.dead_lettered) for m in minutes],
+            title="Tasks dead-lettered per minute, last hour", unit="tasks/min", x_label=hh_mm,
+        ),
+    }  # fmt: skip
+
+
+# --- figures as rows (pure) ---------------------------------------------------------------
+
+
+def duration(seconds: float | None) -> str:
+    """``350 ms``, ``4.2 s``, ``3 min 5 s``, ``2 h 10 min``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+def _latency(label: str, h: Histogram) -> dict[str, Any]:
+    return {
+        "label": label,
+        "count": h.count,
+        "p50": duration(h.quantile(0.5)),
+        "p99": duration(h.quantile(0.99)),
+        "mean": duration(h.mean()),
+    }
+
+
+def latency_rows(f: Figures) -> list[dict[str, Any]]:
+    """Recovery overall, by cause and by phase, then queue wait: count, p50, p99, mean."""
+    rows = [_latency("Recovery, every cause", f.recovery_all)]
+    rows += [_latency(f"Recovery: {cause}", h) for cause, h in f.recovery.items()]
+    rows += [_latency(f"Phase: {phase}", h) for phase, h in f.phases.items()]
+    rows.append(_latency("Queue wait", f.queue_wait))
+    return rows
+
+
+_COUNTED = (
+    ("Pushed", "pushed"), ("Committed", "committed"), ("Retried", "retried"),
+    ("Released from the DLQ", "released"), ("Cancelled", "cancelled"),
+    ("Stale commits refused", "stale"), ("Admission refused", "refused"),
+)  # fmt: skip
+
+
+def totals(f: Figures) -> list[tuple[str, int]]:
+    """Every count since the store's first task, as (label, count)."""
+    counted = [(label, f.counters.get(name, 0)) for label, name in _COUNTED]
+    dead, resurrected = sum(f.dead_lettered.values()), sum(f.resurrections.values())
+    return [*counted[:3], ("Dead-lettered", dead), ("Resurrected", resurrected), *counted[3:]]
+
+
+def slo_rows(f: Figures) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": w.name,
+            "committed": w.committed,
+            "dead_lettered": w.dead_lettered,
+            "ratio": f"{w.ratio:.4%}",
+            "burn": f"{w.burn:.2f}x",
+            "over": w.burn > 1,
+        }
+        for w in f.windows
+    ]
+
+
+def task_rows(tasks: Sequence[Task]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The listed in-flight tasks, split: running, and the rest (queued, reserved,
+    recovering). There is no admin page for a task's history: ids are shown as text."""
+    rows: list[dict[str, Any]] = [{"task": t, "age": duration(t.age_s)} for t in tasks]
+    running = [r for r in rows if r["task"].state == "running"]
+    return running, [r for r in rows if r["task"].state != "running"]
+
+
+# --- the view -----------------------------------------------------------------------------
+
+
+def _url(model_admin: ModelAdmin, page: str, *args: str) -> str:
+    name = f"admin:{model_admin.opts.app_label}_{model_admin.opts.model_name}_{page}"
+    url: str = reverse(name, args=args, current_app=model_admin.admin_site.name)
+    return url
+
+
+def _context(request: HttpRequest, model_admin: ModelAdmin, **extra: Any) -> dict[str, Any]:
+    request.current_app = model_admin.admin_site.name
+    return {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": "Relier overview",
+        "changelist_url": _url(model_admin, "changelist"),
+        "scheduled_url": _url(model_admin, "scheduled"),
+        "periodic_url": _url(model_admin, "periodic"),
+        **extra,
+    }
+
+
+def _periodic_rows(model_admin: ModelAdmin, view: scheduled.Periodic) -> list[dict[str, Any]]:
+    """Each periodic entry; a last tick that failed links to its DLQ entry while the
+    DLQ holds it (a tick's task id is its entry id)."""
+    store = dlq.store()
+    rows = []
+    for e in view.entries:
+        failed = e.last_outcome == "FAILURE" and e.last_task_id is not None
+        in_dlq = failed and store.get(e.last_task_id or "") is not None
+        rows.append(
+            {
+                "entry": e,
+                "last": None if e.last_tick_ms is None else utc_text(e.last_tick_ms),
+                "dlq_url": _url(model_admin, "detail", e.last_task_id or "") if in_dlq else None,
+                "next": utc_text(e.next_tick_ms),
+                "next_in": duration(max(0, e.next_tick_ms - view.now_ms) / 1000),
+            }
+        )
+    return rows
+
+
+def _figures(f: Figures) -> dict[str, Any]:
+    running, waiting = task_rows(f.live.tasks)
+    return {
+        "at": utc_text(f.at_ms),
+        "f": f,
+        "workers": f.live.workers,
+        "in_flight": list(f.live.by_state.items()),
+        "oldest_queued": duration(f.live.oldest_queued_s),
+        "totals": totals(f),
+        "latency": latency_rows(f),
+        "slo": slo_rows(f),
+        "objective": f"{f.objective:.3%}",
+        # svg_* escape every text they write and format every number: safe to embed.
+        "charts": {name: mark_safe(svg) for name, svg in charts(f.minutes).items()},
+        "task_lists": [
+            ("overview-running", "Running", running),
+            ("overview-waiting", "Queued, reserved and recovering", waiting),
+        ],
+        "task_limit": TASK_LIMIT,
+    }
+
+
+@never_cache
+@require_GET
+def overview(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
+    """The overview page; 503 with what to check when relier's Redis cannot be read."""
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    try:
+        found = metrics.read(task_limit=TASK_LIMIT)
+        periodic = scheduled.periodic()
+        extra = {
+            **_figures(found),
+            "periodic": _periodic_rows(model_admin, periodic),
+            "not_fired": periodic.not_fired,
+        }
+    except RedisError as exc:
+        location = scheduled.redis_location()
+        logger.error(
+            "overview admin: Redis at %s cannot be reached: %r", location, exc, exc_info=True
+        )
+        context = _context(
+            request,
+            model_admin,
+            redis_location=location,
+            error=f"{type(exc).__name__}: {exc}",
+            retry_url=request.get_full_path(),
+        )
+        return TemplateResponse(request, TEMPLATE, context, status=503)
+    return TemplateResponse(request, TEMPLATE, _context(request, model_admin, **extra))
