@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up everything `make test` and `make demo` need on a fresh machine:
 # an interpreter (>= $MIN_PY, from PATH or pyenv), a venv with the package and its
-# test extra, redis-server, and Debian's chromium + chromium-driver for the browser tests
-# (apt-get each when it is missing; Playwright drives that chromium, so it never downloads
-# a browser of its own). Idempotent.
+# test extra, redis-server, Debian's chromium + chromium-driver for the browser tests, and
+# Debian's prometheus (prometheus + promtool) for the metrics tests (apt-get each when it is
+# missing; Playwright drives that chromium, so it never downloads a browser of its own).
+# Idempotent.
 #
 #   VENV          venv directory                (default .venv)
 #   MIN_PY        lowest acceptable Python      (default 3.12)
@@ -87,8 +88,23 @@ ensure_chromium() {
   command -v chromium >/dev/null 2>&1 || { say "chromium still missing after apt-get"; exit 1; }
 }
 
+ensure_prometheus() {
+  # promtool checks and unit-tests docs/observability/alerts.yml; prometheus scrapes the
+  # metrics endpoint in the integration tests (a private server each, on a free port).
+  if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then return 0; fi
+  say "prometheus or promtool is not on PATH; installing Debian's prometheus with apt-get"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq prometheus >/dev/null
+  # Debian's package may start a system service on 9090; we never use it, and leave it as it is.
+  command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 \
+    || { say "prometheus or promtool still missing after apt-get"; exit 1; }
+}
+
 ensure_venv
 ensure_packages
 ensure_redis
 ensure_chromium
-say "ready: $("$VENV/bin/python" -V 2>&1), Django $("$VENV/bin/python" -c 'import django; print(django.get_version())'), $(redis-server --version | cut -d' ' -f1-3), $(chromium --version 2>/dev/null)"
+ensure_prometheus
+say "ready: $("$VENV/bin/python" -V 2>&1), Django $("$VENV/bin/python" -c 'import django; print(django.get_version())'), $(redis-server --version | cut -d' ' -f1-3), $(chromium --version 2>/dev/null), $(prometheus --version 2>&1 | head -n1 | cut -d' ' -f1-3)"

@@ -84,7 +84,7 @@ def make_tls_files(directory: Path) -> TlsFiles:
     return files
 
 
-def _stop(process: subprocess.Popen[bytes] | None) -> None:
+def stop_process(process: subprocess.Popen[bytes] | None) -> None:
     """SIGTERM a server this harness started, SIGKILL it if it lingers, reap it."""
     if process is None or process.poll() is not None:
         return
@@ -206,7 +206,7 @@ class RedisServer:
         self.start()
 
     def stop(self) -> None:
-        _stop(self.process)
+        stop_process(self.process)
 
 
 def worker_env(redis_url: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -516,7 +516,7 @@ class SentinelServer:
             return int(client.sentinel_get_master_addr_by_name(self.master_name)[1])
 
     def stop(self) -> None:
-        _stop(self.process)
+        stop_process(self.process)
 
 
 @dataclass
