@@ -44,9 +44,10 @@ local function metric_observe(mkey, name, ms)
   redis.call('HINCRBY', mkey, 'h:' .. name .. ':sum', ms)
 end
 
-local function metric_slot(wkey, ring, index, slots, fields)
-  local slot = ring .. (index % slots)
-  if redis.call('HGET', wkey, slot) ~= tostring(index) then
+-- Makes slot (e.g. 'm17') hold index, given the index it holds now (its stamp): a slot
+-- reused for a new minute or hour starts from nothing.
+local function metric_reset(wkey, slot, index, stamp, fields)
+  if stamp ~= tostring(index) then
     local stale = {}
     for i = 1, #fields do
       stale[i] = slot .. ':' .. fields[i]
@@ -54,23 +55,28 @@ local function metric_slot(wkey, ring, index, slots, fields)
     redis.call('HDEL', wkey, unpack(stale))
     redis.call('HSET', wkey, slot, index)
   end
+end
+
+local function metric_slot(wkey, ring, index, slots, fields)
+  local slot = ring .. (index % slots)
+  metric_reset(wkey, slot, index, redis.call('HGET', wkey, slot), fields)
   return slot
 end
 
--- Adds n to field in the slot of now_ms's minute, and of its hour when the hour ring
--- keeps that field (ok, dlq).
+-- Adds n to an outcome ('ok' or 'dlq') in the slots of now_ms's minute and hour: both
+-- stamps read in one HMGET.
 local function metric_window(wkey, now_ms, field, n)
   if wkey == '' then
     return
   end
   local minute = math.floor(now_ms / 60000)
-  local m = metric_slot(wkey, 'm', minute, METRIC_MINUTE_SLOTS, METRIC_MINUTE_FIELDS)
+  local hour = math.floor(minute / 60)
+  local m, h = 'm' .. (minute % METRIC_MINUTE_SLOTS), 'h' .. (hour % METRIC_HOUR_SLOTS)
+  local stamps = redis.call('HMGET', wkey, m, h)
+  metric_reset(wkey, m, minute, stamps[1], METRIC_MINUTE_FIELDS)
+  metric_reset(wkey, h, hour, stamps[2], METRIC_HOUR_FIELDS)
   redis.call('HINCRBY', wkey, m .. ':' .. field, n)
-  if field == 'ok' or field == 'dlq' then
-    local h = metric_slot(wkey, 'h', math.floor(minute / 60), METRIC_HOUR_SLOTS,
-      METRIC_HOUR_FIELDS)
-    redis.call('HINCRBY', wkey, h .. ':' .. field, n)
-  end
+  redis.call('HINCRBY', wkey, h .. ':' .. field, n)
 end
 
 -- One recovery of ms milliseconds in now_ms's minute: its count, sum and maximum.
