@@ -67,7 +67,10 @@ def test_the_lua_and_python_histogram_bounds_agree():
 
 def test_a_known_workload_reads_back_exactly(fast_worker_factory, redis_client, settings):
     settings.RELIER = {**settings.RELIER, "METRICS_TOKEN": "s3cret"}
-    fast_worker_factory()
+    # The default TTL: Celery's main process may take seconds to see its dead pool
+    # process, and fragile's recovery must be the hand-off's (pool_death), not a
+    # heartbeat's that ran out first.
+    fast_worker_factory(extra_env={"RELIER_HEARTBEAT_TTL_S": "10"})
     plain = [tasks.record.push(f"m-{i}") for i in range(5)]
     flaky = tasks.flaky.push("m-flaky", 2)  # two retries, then a commit
     explode = tasks.explode.push("m-explode")  # always raises: the DLQ, reason exception
