@@ -17,7 +17,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
-from . import admin_overview, admin_schedule, admin_views
+from . import admin_overview, admin_schedule, admin_task, admin_views
 from .models import MANAGE_PERMISSION, VIEW_PERMISSION, DeadLetter
 
 
@@ -60,5 +60,6 @@ class DeadLetterAdmin(admin.ModelAdmin):
             path("periodic/", wrap(admin_schedule.periodic_list), name=f"{info}_periodic"),
             # The cluster at a glance (docs/admin-overview.md): read-only, view permission.
             path("overview/", wrap(admin_overview.overview), name=f"{info}_overview"),
+            path("overview/task/<path:task_id>/", wrap(admin_task.task), name=f"{info}_task"),
             path("entry/<path:entry_id>/", wrap(admin_views.detail), name=f"{info}_detail"),
         ]

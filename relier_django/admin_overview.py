@@ -9,12 +9,15 @@ names and ids never reach an SVG (they are in the HTML lists, autoescaped by the
 template).
 
 Read-only: the page asks for the DLQ's view permission, as the schedule pages do.
+``read_only`` is that wrapping (permission, GET only, never cached, Redis down as a
+readable 503), shared with the task page each listed task links to (``admin_task``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.contrib.admin import ModelAdmin
@@ -126,10 +129,14 @@ def slo_rows(f: Figures) -> list[dict[str, Any]]:
     ]
 
 
-def task_rows(tasks: Sequence[Task]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def task_rows(
+    tasks: Sequence[Task], url: Callable[[str], str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The listed in-flight tasks, split: running, and the rest (queued, reserved,
-    recovering). There is no admin page for a task's history: ids are shown as text."""
-    rows: list[dict[str, Any]] = [{"task": t, "age": duration(t.age_s)} for t in tasks]
+    recovering); each with ``url(task_id)``, its task page."""
+    rows: list[dict[str, Any]] = [
+        {"task": t, "age": duration(t.age_s), "url": url(t.task_id)} for t in tasks
+    ]
     running = [r for r in rows if r["task"].state == "running"]
     return running, [r for r in rows if r["task"].state != "running"]
 
@@ -137,21 +144,25 @@ def task_rows(tasks: Sequence[Task]) -> tuple[list[dict[str, Any]], list[dict[st
 # --- the view -----------------------------------------------------------------------------
 
 
-def _url(model_admin: ModelAdmin, page: str, *args: str) -> str:
+def page_url(model_admin: ModelAdmin, page: str, *args: str) -> str:
+    """The URL of one of the Relier admin pages (``overview``, ``task``, ``detail``...)."""
     name = f"admin:{model_admin.opts.app_label}_{model_admin.opts.model_name}_{page}"
     url: str = reverse(name, args=args, current_app=model_admin.admin_site.name)
     return url
 
 
-def _context(request: HttpRequest, model_admin: ModelAdmin, **extra: Any) -> dict[str, Any]:
+def page_context(
+    request: HttpRequest, model_admin: ModelAdmin, title: str = "Relier overview", **extra: Any
+) -> dict[str, Any]:
+    """What every read-only Relier page's template needs: the admin's, and the links."""
     request.current_app = model_admin.admin_site.name
     return {
         **model_admin.admin_site.each_context(request),
         "opts": model_admin.opts,
-        "title": "Relier overview",
-        "changelist_url": _url(model_admin, "changelist"),
-        "scheduled_url": _url(model_admin, "scheduled"),
-        "periodic_url": _url(model_admin, "periodic"),
+        "title": title,
+        "changelist_url": page_url(model_admin, "changelist"),
+        "scheduled_url": page_url(model_admin, "scheduled"),
+        "periodic_url": page_url(model_admin, "periodic"),
         **extra,
     }
 
@@ -164,11 +175,12 @@ def _periodic_rows(model_admin: ModelAdmin, view: scheduled.Periodic) -> list[di
     for e in view.entries:
         failed = e.last_outcome == "FAILURE" and e.last_task_id is not None
         in_dlq = failed and store.get(e.last_task_id or "") is not None
+        dlq_url = page_url(model_admin, "detail", e.last_task_id or "") if in_dlq else None
         rows.append(
             {
                 "entry": e,
                 "last": None if e.last_tick_ms is None else utc_text(e.last_tick_ms),
-                "dlq_url": _url(model_admin, "detail", e.last_task_id or "") if in_dlq else None,
+                "dlq_url": dlq_url,
                 "next": utc_text(e.next_tick_ms),
                 "next_in": duration(max(0, e.next_tick_ms - view.now_ms) / 1000),
             }
@@ -176,8 +188,8 @@ def _periodic_rows(model_admin: ModelAdmin, view: scheduled.Periodic) -> list[di
     return rows
 
 
-def _figures(f: Figures) -> dict[str, Any]:
-    running, waiting = task_rows(f.live.tasks)
+def _figures(f: Figures, task_url: Callable[[str], str]) -> dict[str, Any]:
+    running, waiting = task_rows(f.live.tasks, task_url)
     return {
         "at": utc_text(f.at_ms),
         "f": f,
@@ -198,31 +210,51 @@ def _figures(f: Figures) -> dict[str, Any]:
     }
 
 
-@never_cache
-@require_GET
+def read_only(title: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    """Wrap a read-only Relier page: the DLQ's view permission, GET only, never cached,
+    and a RedisError turned into the overview's "Redis cannot be reached" page (503,
+    inside the admin, what to check, never a traceback). Context is computed before
+    rendering: templates never read Redis themselves."""
+
+    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @functools.wraps(view)
+        def guarded(request: HttpRequest, model_admin: ModelAdmin, **kwargs: Any) -> Any:
+            if not model_admin.has_view_permission(request):
+                raise PermissionDenied
+            try:
+                return view(request, model_admin, **kwargs)
+            except RedisError as exc:
+                location = scheduled.redis_location()
+                logger.error(
+                    "overview admin: Redis at %s cannot be reached: %r",
+                    location,
+                    exc,
+                    exc_info=True,
+                )
+                context = page_context(
+                    request,
+                    model_admin,
+                    title,
+                    redis_location=location,
+                    error=f"{type(exc).__name__}: {exc}",
+                    retry_url=request.get_full_path(),
+                )
+                return TemplateResponse(request, TEMPLATE, context, status=503)
+
+        wrapped: Callable[..., HttpResponse] = never_cache(require_GET(guarded))
+        return wrapped
+
+    return decorate
+
+
+@read_only("Relier overview")
 def overview(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     """The overview page; 503 with what to check when relier's Redis cannot be read."""
-    if not model_admin.has_view_permission(request):
-        raise PermissionDenied
-    try:
-        found = metrics.read(task_limit=TASK_LIMIT)
-        periodic = scheduled.periodic()
-        extra = {
-            **_figures(found),
-            "periodic": _periodic_rows(model_admin, periodic),
-            "not_fired": periodic.not_fired,
-        }
-    except RedisError as exc:
-        location = scheduled.redis_location()
-        logger.error(
-            "overview admin: Redis at %s cannot be reached: %r", location, exc, exc_info=True
-        )
-        context = _context(
-            request,
-            model_admin,
-            redis_location=location,
-            error=f"{type(exc).__name__}: {exc}",
-            retry_url=request.get_full_path(),
-        )
-        return TemplateResponse(request, TEMPLATE, context, status=503)
-    return TemplateResponse(request, TEMPLATE, _context(request, model_admin, **extra))
+    found = metrics.read(task_limit=TASK_LIMIT)
+    periodic = scheduled.periodic()
+    extra = {
+        **_figures(found, functools.partial(page_url, model_admin, "task")),
+        "periodic": _periodic_rows(model_admin, periodic),
+        "not_fired": periodic.not_fired,
+    }
+    return TemplateResponse(request, TEMPLATE, page_context(request, model_admin, **extra))

@@ -32,7 +32,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from . import dlq
-from .dlq_render import HISTORY_COLUMNS, history_rows, plural, utc
+from .dlq_render import history_table, plural, utc
 
 logger = logging.getLogger(__name__)
 
@@ -232,19 +232,6 @@ def changelist(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
 # --- one entry --------------------------------------------------------------------------
 
 
-def _history(entry: dlq.Entry) -> list[dict[str, Any]]:
-    return [
-        {
-            "at": row.at,
-            "event": row.fields.get("event", ""),
-            "fence": row.fields.get("fence"),
-            "worker": row.fields.get("worker"),
-            "details": ", ".join(row.pairs(HISTORY_COLUMNS)),
-        }
-        for row in history_rows(entry.history)
-    ]
-
-
 @never_cache
 @require_GET
 @_redis_guard
@@ -270,7 +257,7 @@ def detail(request: HttpRequest, model_admin: ModelAdmin, entry_id: str) -> Http
         failed_at=utc(entry.summary.failed_at_ms),
         first_failed_at=utc(entry.summary.first_failed_at_ms),
         envelope_json=None if envelope is None else json.dumps(envelope, indent=2),
-        history=_history(entry),
+        history=history_table(entry.history),
         pin=str(Pin.of(entry.summary)),
     )
     return _render(request, "detail.html", context)

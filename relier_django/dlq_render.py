@@ -1,5 +1,6 @@
 """How the admin pages and ``manage.py relier_dlq`` show a DLQ entry: its failure
-times, "n entries" counts and its incarnation history.
+times, "n entries" counts and its incarnation history (which the admin's task page
+shows too, for a task still in flight).
 
 What these mean is decided once here; each caller keeps only its own look (an HTML
 template in ``admin_views``, aligned text columns in the command). It is apart from
@@ -65,3 +66,18 @@ class HistoryRow:
 def history_rows(history: Iterable[Mapping[str, Any]]) -> list[HistoryRow]:
     """An entry's history (``Entry.history``) as rows, one per event, oldest first."""
     return [HistoryRow(None if h.get("at_ms") is None else int(h["at_ms"]), h) for h in history]
+
+
+def history_table(history: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A history as the admin's history table shows it (the DLQ entry page and the task
+    page): per event its time, event, fence, worker, and every other field as details."""
+    return [
+        {
+            "at": row.at,
+            "event": row.fields.get("event", ""),
+            "fence": row.fields.get("fence"),
+            "worker": row.fields.get("worker"),
+            "details": ", ".join(row.pairs(HISTORY_COLUMNS)),
+        }
+        for row in history_rows(history)
+    ]

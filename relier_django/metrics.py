@@ -2,7 +2,8 @@
 
 - Prometheus text (``exposition``), served by ``relier_django.urls`` at ``metrics``.
 - ``manage.py relier_status`` (plain text, ``--watch``, ``--json``).
-- The admin's Relier overview page.
+- The admin's Relier overview page, whose listed tasks link to a page each (``task``,
+  and ``outcome`` once a task is no longer in flight).
 
 Every figure comes from relier's Redis (``core/observe``), so any one web process
 serves the whole cluster's numbers, the same as every other. The names below are a
@@ -28,7 +29,10 @@ from . import conf
 from .core.broker.depth import queue_depth
 from .core.observe import figures, live
 from .core.observe.figures import Figures, Histogram
+from .core.observe.task import TaskView, read_task
 from .core.store.connection import sync_client
+from .core.store.keys import KeySpace
+from .core.store.receipt import TaskStatus, read_status
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -54,6 +58,19 @@ def read(task_limit: int = live.TASK_LIST_LIMIT) -> Figures:
         broker_depth=lambda: queue_depth(app, cfg.recovery_queue),
         task_limit=task_limit,
     )
+
+
+def task(task_id: str) -> TaskView | None:
+    """One unfinished task with its history, from relier's Redis; None when no task
+    with this id is in flight (finished, dead-lettered, or never pushed)."""
+    cfg = conf.get_config()
+    return read_task(sync_client(cfg), KeySpace.of(cfg), task_id)
+
+
+def outcome(task_id: str) -> TaskStatus:
+    """Where a task stands as its receipt would say (``SUCCESS``, ``FAILURE``,
+    ``REVOKED``... or ``known=False``), read from relier's Redis."""
+    return read_status(conf.get_config(), task_id)
 
 
 def _histogram(name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:

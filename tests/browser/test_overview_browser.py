@@ -2,7 +2,8 @@
 tasks and brings back one whose pool process died, two tasks fail into the DLQ and two
 wait on a queue no worker reads; an operator opens the overview from the Relier section
 and sees the three charts of the last hour drawn (inline SVG, nothing fetched, no
-script), the in-flight counts and the totals, then follows the DLQ link to its list.
+script), the in-flight counts and the totals, opens a waiting task's page from its id,
+then follows the DLQ link to its list.
 Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def settled() -> bool:
     )
 
 
-def test_an_operator_sees_the_cluster_charts_and_follows_the_dlq_link(
+def test_an_operator_sees_the_cluster_charts_and_follows_a_task_link_and_the_dlq_link(
     live_server, page: Page, worker, redis_client, django_user_model
 ):
     off_loop(make_a_known_state)
@@ -105,6 +106,14 @@ def test_an_operator_sees_the_cluster_charts_and_follows_the_dlq_link(
     expect(page.locator("#overview-latency")).to_contain_text("Recovery: pool_death")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "overview-admin.png"), full_page=True)
+
+    # A waiting task's id opens its page: the task as the store holds it, then back.
+    page.locator("#overview-waiting th.field-task-id a").first.click()
+    expect(page.locator("#task-state")).to_have_text("queued")
+    expect(page.locator("#task-queue")).to_have_text("parked")
+    expect(page.locator("#task-history")).to_contain_text("No event recorded yet")
+    page.screenshot(path=str(ARTIFACTS / "task-admin.png"), full_page=True)
+    page.go_back()
 
     page.locator("#dlq-link").click()
     expect(page).to_have_url(f"{live_server.url}/admin/relier_django/deadletter/")

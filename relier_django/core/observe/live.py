@@ -71,18 +71,20 @@ class Live:
     truncated: bool  # more than SCAN_LIMIT in flight: the counts cover SCAN_LIMIT
 
 
-def _text(raw: Any) -> str:
+def as_text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else ("" if raw is None else str(raw))
 
 
-def _int(raw: Any, default: int = 0) -> int:
+def as_int(raw: Any, default: int = 0) -> int:
     try:
-        return int(_text(raw))
+        return int(as_text(raw))
     except ValueError:
         return default
 
 
-def _state(stored: str, worker: str) -> str:
+def state_name(stored: str, worker: str) -> str:
+    """The live view's name for a stored state (a queued task a worker marked is
+    reserved)."""
     if stored == "queued":
         return "reserved" if worker else "queued"
     if stored == "running":
@@ -101,7 +103,7 @@ def scan(
     pipe.zrange(keys.expiry, 0, SCAN_LIMIT - 1)
     pipe.zcard(keys.expiry)
     scheduled, overdue, workers_raw, ids_raw, total = pipe.execute()
-    ids = [_text(i) for i in ids_raw]
+    ids = [as_text(i) for i in ids_raw]
     counts: Counter[str] = Counter()
     oldest: float | None = None
     tasks: list[Task] = []
@@ -112,17 +114,19 @@ def scan(
         for task_id in chunk:
             pipe.hmget(keys.task(task_id), *_FIELDS)
         for task_id, row in zip(chunk, pipe.execute(), strict=True):
-            f = dict(zip(_FIELDS, (_text(v) for v in row), strict=True))
+            f = dict(zip(_FIELDS, (as_text(v) for v in row), strict=True))
             if not f["state"]:
                 continue  # finished between the two reads
-            state = _state(f["state"], f["worker"])
+            state = state_name(f["state"], f["worker"])
             counts[state] += 1
             if f["worker"]:
                 held[f["worker"]] += 1
             if state == "running":
-                since = _int(f["started_ms"], now_ms)
+                since = as_int(f["started_ms"], now_ms)
             else:
-                since = max(_int(f["q_ms"]) or _int(f["created_ms"], now_ms), _int(f["due_ms"]))
+                since = max(
+                    as_int(f["q_ms"]) or as_int(f["created_ms"], now_ms), as_int(f["due_ms"])
+                )
             age_s = max(0.0, (now_ms - since) / 1000)
             if state in ("queued", "reserved") and (oldest is None or age_s > oldest):
                 oldest = age_s
@@ -132,17 +136,17 @@ def scan(
                     f["name"],
                     f["queue"],
                     state,
-                    _int(f["fence"]),
+                    as_int(f["fence"]),
                     f["worker"],
                     age_s,
-                    _int(f["attempt"], 1),
-                    _int(f["res"]),
+                    as_int(f["attempt"], 1),
+                    as_int(f["res"]),
                 )
             )
     tasks.sort(key=lambda t: (t.state != "running", -t.age_s))
     counts["scheduled"] = int(scheduled)
     alive = [
-        (_text(w), float(deadline)) for w, deadline in workers_raw if float(deadline) >= now_ms
+        (as_text(w), float(deadline)) for w, deadline in workers_raw if float(deadline) >= now_ms
     ]
     return Live(
         by_state={state: counts.get(state, 0) for state in STATES},

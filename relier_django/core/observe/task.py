@@ -1,0 +1,103 @@
+"""One in-flight task as the store holds it, with its incarnation history.
+
+The admin's task page reads it (docs/admin-overview.md). The task hash and its history
+list share the ``{task_id}`` hash tag, so both are read in one MULTI: a task that
+commits meanwhile is seen before or after, never half-gone. A finished task (committed,
+dead-lettered, cancelled) has neither key any more: the reader gets None, and its
+outcome is the result key's or the DLQ's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from ..store.keys import KeySpace
+from .live import as_int, as_text, state_name
+
+_FIELDS = ("state", "worker", "fence", "name", "queue", "created_ms", "started_ms",
+           "due_ms", "expires_ms", "attempt", "res")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    """An unfinished task: its hash's fields and its history, oldest event first.
+
+    Attributes:
+        state: as the live view names it (queued, reserved, running, recovering), or
+            ``scheduled`` while it waits in the schedule index.
+        worker: the worker holding it (reserved, running); ``""`` when none.
+        created_ms: when it was pushed, ms since the epoch (Redis clock).
+        started_ms: when an incarnation last started (the running one while
+            ``running``); None if none has.
+        due_ms: when it is (or was) due, for a countdown, an eta or a delayed retry.
+        expires_ms: past it, a task not yet started is dead-lettered, never run.
+        history: the recorded events (``at_ms``, ``event``, ``fence``, ``worker``...),
+            as JSON objects; an event that is not one is kept as ``{"raw": text}``.
+    """
+
+    task_id: str
+    name: str
+    queue: str
+    state: str
+    fence: int
+    attempt: int
+    resurrections: int
+    worker: str
+    created_ms: int | None
+    started_ms: int | None
+    due_ms: int | None
+    expires_ms: int | None
+    history: tuple[dict[str, Any], ...]
+
+
+def _ms(raw: str) -> int | None:
+    return int(raw) if raw.isdigit() else None
+
+
+def _event(raw: Any) -> dict[str, Any]:
+    text = as_text(raw)
+    try:
+        event = json.loads(text)
+    except ValueError:
+        return {"raw": text}  # shown as recorded rather than dropped
+    return event if isinstance(event, dict) else {"raw": text}
+
+
+def read_task(client: redis.Redis, keys: KeySpace, task_id: str) -> TaskView | None:
+    """The task ``task_id`` while it is unfinished.
+
+    Args:
+        client: a client on relier's Redis.
+        keys: the store's key space.
+        task_id: any task id (caller-chosen ids included); it only names keys.
+
+    Returns:
+        The task and its history, or None when no unfinished task has this id.
+    """
+    pipe = client.pipeline(transaction=True)
+    pipe.hmget(keys.task(task_id), *_FIELDS)
+    pipe.lrange(keys.history(task_id), 0, -1)
+    row, history = pipe.execute()
+    f = dict(zip(_FIELDS, (as_text(v) for v in row), strict=True))
+    if not f["state"]:
+        return None
+    stored = f["state"]
+    return TaskView(
+        task_id=task_id,
+        name=f["name"],
+        queue=f["queue"],
+        state="scheduled" if stored == "scheduled" else state_name(stored, f["worker"]),
+        fence=as_int(f["fence"]),
+        attempt=as_int(f["attempt"], 1),
+        resurrections=as_int(f["res"]),
+        worker=f["worker"],
+        created_ms=_ms(f["created_ms"]),
+        started_ms=_ms(f["started_ms"]),
+        due_ms=_ms(f["due_ms"]),
+        expires_ms=_ms(f["expires_ms"]),
+        history=tuple(_event(h) for h in history),
+    )
