@@ -13,17 +13,29 @@ run: pushes, broker, worker and, for relier_django, every Lua script on the way.
 
 Target (issue 8): relier_django >= 0.8 x Celery with acks_late on no-op tasks.
 
-    python -m bench.throughput [--noop 2000] [--sleepy 500] [--rounds 2]
+In the same run, what relier_django's metrics cost (issue 22): relier_django on no-op
+tasks with ``RELIER_METRICS=False`` (producer and worker) against metrics on, in pairs
+whose order flips every pair, so the machine's drift falls on both sides alike. The
+figure is the median over pairs of on / off throughput. Target: metrics cost at most
+3 % of no-op throughput (printed, never asserted: one pair moves by more than that).
+
+    python -m bench.throughput [--noop 2000] [--sleepy 500] [--rounds 2] [--metrics-pairs 4]
+
+Other sizes than those defaults write ``throughput-small.json``, so a quick check
+leaves the recorded result alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -37,6 +49,11 @@ CONTENDERS = {
     **DELIVERY_CONTENDERS,
     "relier_kombu": (DELIVERY_CONTENDERS["relier"][0], KOMBU_TRANSPORT),
 }
+# relier_django with its metrics on (the default) and off, on no-op tasks only.
+METRICS_MODES: dict[str, dict[str, str]] = {"on": {}, "off": {"RELIER_METRICS": "False"}}
+METRICS_TARGET_COST = 0.03  # of no-op throughput
+COUNTED = ("pushed", "committed")  # the metrics counters a run checks
+DEFAULTS = {"noop": 2000, "sleepy": 500, "rounds": 2, "metrics_pairs": 4}
 
 
 def _cpu_s(pids: list[int]) -> float:
@@ -51,10 +68,43 @@ def _cpu_s(pids: list[int]) -> float:
     return total
 
 
-def run(contender: str, n: int, sleep_s: float, log_dir: Path) -> tuple[float, dict[str, float]]:
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str]) -> Iterator[None]:
+    """``env`` in this process's environment while the block runs: the producer's relier
+    config reads it (``run`` drops the cached one), and the worker inherits it."""
+    from relier_django import conf
+
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        conf.get_config.cache_clear()
+
+
+def run(
+    contender: str, n: int, sleep_s: float, log_dir: Path, env: Mapping[str, str] | None = None
+) -> tuple[float, dict[str, float], dict[str, int]]:
     """Tasks per second for ``n`` tasks of ``sleep_s`` each, first push to last run,
     and the CPU milliseconds per task spent by the producer (this process), the
-    worker (main and pool processes) and redis-server over that span."""
+    worker (main and pool processes) and redis-server over that span; then the pushes
+    and commits relier's metrics counted (0 when nothing counted them).
+
+    ``env`` (``RELIER_*`` variables) applies to this process and the worker alike."""
+    with _environment(env or {}):
+        return _run(contender, n, sleep_s, log_dir)
+
+
+def _run(
+    contender: str, n: int, sleep_s: float, log_dir: Path
+) -> tuple[float, dict[str, float], dict[str, int]]:
+    from relier_django import conf
+    from relier_django.core.store.keys import KeySpace
     from testproject.harness import CeleryWorker
 
     task, extra = CONTENDERS[contender]
@@ -76,13 +126,16 @@ def run(contender: str, n: int, sleep_s: float, log_dir: Path) -> tuple[float, d
             _wait_done(client, labels[1:], 600)
             elapsed = time.perf_counter() - t0
             after = (_cpu_s([os.getpid()]), _cpu_s(worker_pids), _cpu_s([server.pid]))
+            counters = KeySpace.of(conf.get_config()).metrics_counters
+            found = client.hmget(counters, COUNTED)
+            counted = {name: int(v or 0) for name, v in zip(COUNTED, found, strict=True)}
         finally:
             worker.stop()
     per_task = {
         name: round((b - a) * 1000 / (n - 1), 3)
         for name, a, b in zip(("producer", "worker", "redis"), before, after, strict=True)
     }
-    return (n - 1) / elapsed, per_task
+    return (n - 1) / elapsed, per_task, counted
 
 
 def _wait_done(client, labels: list[str], timeout_s: float) -> None:
@@ -100,11 +153,83 @@ def _wait_done(client, labels: list[str], timeout_s: float) -> None:
         raise TimeoutError(f"{len(labels) - len(pending)}/{len(labels)} tasks ran in {timeout_s} s")
 
 
+def metrics_pairs(n: int, pairs: int, log_dir: Path) -> list[dict[str, Any]]:
+    """``pairs`` pairs of relier_django runs on ``n`` no-op tasks, metrics off and on,
+    the order flipped every pair. Each mode is checked to have done what it says
+    (every push and commit counted, or none): a benchmark of a setting that did not
+    apply would measure nothing."""
+    found: list[dict[str, Any]] = []
+    for pair in range(pairs):
+        order = ["off", "on"] if pair % 2 == 0 else ["on", "off"]
+        rates: dict[str, float] = {}
+        cpu: dict[str, dict[str, float]] = {}
+        for mode in order:
+            rate, per_task, counted = run("relier", n, 0.0, log_dir, METRICS_MODES[mode])
+            if counted != dict.fromkeys(COUNTED, n if mode == "on" else 0):
+                raise RuntimeError(
+                    f"metrics {mode}: counted {counted} of {n} tasks; "
+                    f"{METRICS_MODES[mode] or 'the default'} did not apply"
+                )
+            rates[mode], cpu[mode] = rate, per_task
+            spent = ", ".join(f"{k} {v:.2f}" for k, v in per_task.items())
+            print(f" no-op relier, metrics {mode:<3} {rate:8.1f} tasks/s  "
+                  f"(CPU ms per task: {spent})", flush=True)  # fmt: skip
+        found.append({"first": order[0], "tasks_per_s": rates, "cpu_ms_per_task": cpu,
+                      "on_over_off": rates["on"] / rates["off"]})  # fmt: skip
+    return found
+
+
+def metrics_summary(n: int, pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Print the metrics comparison and return its figures for the JSON result."""
+    ratio = statistics.median(p["on_over_off"] for p in pairs)
+    cost = 1 - ratio
+    met = cost <= METRICS_TARGET_COST
+    rates = {m: round(statistics.median(p["tasks_per_s"][m] for p in pairs), 1)
+             for m in METRICS_MODES}  # fmt: skip
+    cpu = {
+        m: {k: round(statistics.median(p["cpu_ms_per_task"][m][k] for p in pairs), 3)
+            for k in pairs[0]["cpu_ms_per_task"][m]}
+        for m in METRICS_MODES
+    }  # fmt: skip
+    print(f"\nmetrics on against off (relier_django, {n} no-op tasks, {len(pairs)} pairs)")
+    for i, p in enumerate(pairs, 1):
+        r = p["tasks_per_s"]
+        print(f"pair {i} ({p['first']} first): off {r['off']:.1f}, on {r['on']:.1f} tasks/s, "
+              f"on / off {p['on_over_off']:.3f}")  # fmt: skip
+    print(f"median tasks/s: off {rates['off']}, on {rates['on']}")
+    for m in ("off", "on"):
+        print(f"median CPU ms per task, metrics {m:<3} (producer / worker / redis-server): "
+              + " / ".join(f"{v:.3f}" for v in cpu[m].values()))  # fmt: skip
+    # CPU per task of all three processes moves less than a rate on a shared machine:
+    # on 2 busy cores, its growth is what throughput would lose.
+    total = {m: sum(cpu[m].values()) for m in METRICS_MODES}
+    cpu_cost = total["on"] / total["off"] - 1
+    print(f"CPU ms per task, all three: off {total['off']:.3f}, on {total['on']:.3f} "
+          f"({cpu_cost:+.1%})")  # fmt: skip
+    spread = sorted(p["on_over_off"] for p in pairs)
+    verdict = "met" if met else "MISSED"
+    print(f"median on / off: {ratio:.3f} (pairs from {spread[0]:.3f} to {spread[-1]:.3f}): "
+          f"metrics cost {cost:.1%} of no-op throughput "
+          f"(target <= {METRICS_TARGET_COST:.0%}: {verdict})")  # fmt: skip
+    return {
+        "size": n, "pairs": len(pairs), "tasks_per_s": rates, "cpu_ms_per_task": cpu,
+        "all_pairs": pairs, "on_over_off": round(ratio, 4), "cost": round(cost, 4),
+        "cpu_cost": round(cpu_cost, 4), "target_max_cost": METRICS_TARGET_COST,
+        "target_met": met,
+    }  # fmt: skip
+
+
 def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--noop", type=int, default=2000, help="no-op tasks per run")
-    parser.add_argument("--sleepy", type=int, default=500, help="10 ms tasks per run")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--noop", type=int, default=DEFAULTS["noop"], help="no-op tasks per run")
+    parser.add_argument(
+        "--sleepy", type=int, default=DEFAULTS["sleepy"], help="10 ms tasks per run"
+    )
+    parser.add_argument("--rounds", type=int, default=DEFAULTS["rounds"])
+    parser.add_argument(
+        "--metrics-pairs", type=int, default=DEFAULTS["metrics_pairs"],
+        help="pairs of no-op relier_django runs, metrics off and on (--noop tasks each)",
+    )  # fmt: skip
     args = parser.parse_args()
     sizes = {"no-op": args.noop, "10 ms": args.sleepy}
     rates: dict[str, dict[str, list[float]]] = {w: {c: [] for c in CONTENDERS} for w in WORKLOADS}
@@ -115,12 +240,13 @@ def main() -> dict:
         for _ in range(args.rounds):  # alternate, so machine drift hits every contender
             for workload, sleep_s in WORKLOADS.items():
                 for contender in CONTENDERS:
-                    rate, per_task = run(contender, sizes[workload], sleep_s, Path(tmp))
+                    rate, per_task, _ = run(contender, sizes[workload], sleep_s, Path(tmp))
                     rates[workload][contender].append(rate)
                     cpu[workload][contender].append(per_task)
                     spent = ", ".join(f"{k} {v:.2f}" for k, v in per_task.items())
                     print(f"{workload:>6} {contender:<10} {rate:8.1f} tasks/s  "
                           f"(CPU ms per task: {spent})", flush=True)  # fmt: skip
+        pairs = metrics_pairs(args.noop, args.metrics_pairs, Path(tmp))
     table = {
         workload: {c: round(statistics.median(v), 1) for c, v in per.items()}
         for workload, per in rates.items()
@@ -145,12 +271,15 @@ def main() -> dict:
     kombu_ratio = table["no-op"]["relier_kombu"] / table["no-op"]["acks_late"]
     print(f"\nno-op relier_django / acks_late: {ratio:.2f} (target >= 0.80: {verdict})")
     print(f"the same on kombu's own transport: {kombu_ratio:.2f}")
+    metrics_cost = metrics_summary(args.noop, pairs) if pairs else None
     data = {"sizes": sizes, "rounds": args.rounds, "tasks_per_s": table, "all_rounds": rates,
             "cpu_ms_per_task": cpu_table,
             "noop_ratio_vs_acks_late": round(ratio, 3), "target": 0.8,
             "noop_ratio_kombu_transport_vs_acks_late": round(kombu_ratio, 3),
-            "target_met": verdict == "met"}  # fmt: skip
-    path = write_result("throughput", data)
+            "target_met": verdict == "met", "metrics_cost": metrics_cost}  # fmt: skip
+    chosen = {"noop": args.noop, "sleepy": args.sleepy, "rounds": args.rounds,
+              "metrics_pairs": args.metrics_pairs}  # fmt: skip
+    path = write_result("throughput" if chosen == DEFAULTS else "throughput-small", data)
     print(f"results: {path}")
     return data
 
