@@ -135,3 +135,24 @@ def test_over_tls_with_celerys_broker_use_ssl(tmp_path):
             assert direct.llen("tq") == 0 and direct.hlen("unacked") == 0
     finally:
         server.stop()
+
+
+def test_the_recovery_queue_is_asked_first_whatever_the_other_queues_hold(connection):
+    backlog = Queue("celery", Exchange("celery", type="direct"), routing_key="celery")
+    recovery = Queue(
+        "relier.recovery", Exchange("relier.recovery", type="direct"), routing_key="relier.recovery"
+    )
+    producer = Producer(connection.default_channel)
+    for i in range(5):
+        producer.publish(f"backlog-{i}", exchange=backlog.exchange, routing_key="celery",
+                         declare=[backlog])  # fmt: skip
+    producer.publish("resurrected", exchange=recovery.exchange, routing_key="relier.recovery",
+                     declare=[recovery])  # fmt: skip
+    got: list[str] = []
+    # The backlog's queue is declared first: kombu's round robin alone would ask it first.
+    with Consumer(connection.channel(), [backlog, recovery], callbacks=[
+        lambda body, message: (got.append(body), message.ack())
+    ], prefetch_count=1):  # fmt: skip
+        while len(got) < 2:
+            connection.drain_events(timeout=5)
+    assert got[0] == "resurrected"

@@ -17,6 +17,9 @@ limit, an ack or a reject still settles them, and a worker that shuts down still
 puts the ones it did not start back at the head of their queue, as kombu does. Every
 other message of the same worker keeps kombu's full ack emulation.
 
+Its channels also ask the recovery queue first (``RecoveryFirst``): a resurrected task
+never waits behind the backlog of a worker's other queues.
+
 Enable it with ``CELERY_BROKER_TRANSPORT`` (``Transport`` for ``redis://`` brokers,
 ``SentinelTransport`` for ``sentinel://``); publishing is kombu's, unchanged.
 """
@@ -28,7 +31,9 @@ from typing import Any
 
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.utils.scheduling import round_robin_cycle
 
+from ..model import config
 from .marker import is_relier_message
 
 logger = logging.getLogger("relier_django.transport")
@@ -90,8 +95,32 @@ class QoS(kombu_redis.QoS):
         logger.info("put %d relier_django message(s) back in their queues", len(messages))
 
 
+class RecoveryFirst(round_robin_cycle):
+    """kombu's round robin over a worker's queues, except that the recovery queue is
+    always the first key of its BRPOP, which pops from the first non-empty key: a
+    resurrected task is taken as soon as the worker takes anything, whatever the other
+    queues hold; the others still share the rest fairly."""
+
+    def __init__(self, first: str) -> None:
+        super().__init__()
+        self.first = first
+
+    def consume(self, n: int) -> list[str]:
+        # sorted() is stable: the recovery queue moves to the front, the rest keep the
+        # round robin's order.
+        return sorted(super().consume(n), key=lambda queue: queue != self.first)
+
+
+def _recovery_first(channel: Any) -> None:
+    channel._queue_cycle = RecoveryFirst(config.current().recovery_queue)
+
+
 class Channel(kombu_redis.Channel):
     QoS = QoS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _recovery_first(self)
 
 
 class Transport(kombu_redis.Transport):
@@ -102,6 +131,10 @@ class Transport(kombu_redis.Transport):
 
 class SentinelChannel(kombu_redis.SentinelChannel):
     QoS = QoS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _recovery_first(self)
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):
