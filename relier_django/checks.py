@@ -113,9 +113,10 @@ def _heartbeat_error() -> CheckMessage | None:
 def check_redis(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """relier.W001 (unreachable), then, unless ``ALLOW_UNSAFE_REDIS``: relier.E003 (AOF
-    off), relier.E004 (an evicting maxmemory-policy), relier.W004 (``appendfsync no``)
-    and relier.W002 (none of that could be read).
+    """relier.W001 (unreachable), relier.W006 (``CLIENT LIST`` refused: deaths are then
+    found by heartbeat expiry only), then, unless ``ALLOW_UNSAFE_REDIS``: relier.E003
+    (AOF off), relier.E004 (an evicting maxmemory-policy), relier.W004 (``appendfsync
+    no``) and relier.W002 (none of that could be read).
 
     Returns:
         The messages, empty for a reachable, durable, non-evicting server.
@@ -128,16 +129,38 @@ def check_redis(
     try:
         client = sync_client(cfg, fail_fast=True)
         client.ping()
+        found_deaths = _death_detection(where, client)
         if django_settings.allow_unsafe_redis:
-            return []
+            return found_deaths
         server = _server_settings(client)
     except ValueError:
         return []  # a malformed URL: relier.E001 reports it
     except redis.exceptions.RedisError as exc:  # refused, timed out, or PING not allowed
         return [_unreachable(where, exc)]
     if isinstance(server, redis.exceptions.ResponseError):
-        return [_unverifiable(where, f"CONFIG GET and INFO were both refused ({server})")]
-    return list(_durability(where, server))
+        why = f"CONFIG GET and INFO were both refused ({server})"
+        return [*found_deaths, _unverifiable(where, why)]
+    return [*found_deaths, *_durability(where, server)]
+
+
+def _death_detection(where: str, client: redis.Redis) -> list[CheckMessage]:
+    """relier.W006: the scanners list the live processes' connections with CLIENT LIST
+    (recovery/deaths.py); a server that refuses it leaves only the heartbeat TTL."""
+    try:
+        client.client_list(_type="pubsub")
+    except redis.exceptions.ResponseError as exc:
+        return [
+            CheckWarning(
+                f"Redis at {where} refuses CLIENT LIST ({exc}): a dead worker's tasks are "
+                "then found only when their heartbeats expire (HEARTBEAT_TTL_S), not "
+                "within about a second of its death.",
+                hint="Allow the 'client' command (CLIENT LIST) for relier's Redis user, "
+                "e.g. ACL SETUSER <user> +client|list; or accept TTL-bound recovery and "
+                "add 'relier.W006' to SILENCED_SYSTEM_CHECKS.",
+                id="relier.W006",
+            )
+        ]
+    return []
 
 
 def _unreachable(where: str, exc: Exception) -> CheckMessage:

@@ -196,6 +196,22 @@ def test_when_config_and_info_are_refused_it_warns_that_it_could_not_verify(star
     assert "SILENCED_SYSTEM_CHECKS" in warning.hint
 
 
+def test_a_user_that_may_not_list_clients_is_warned_that_deaths_wait_for_the_ttl(
+    start_redis, relier
+):
+    server = start_redis()
+    admin = server.client()
+    admin.acl_setuser(
+        "app", enabled=True, passwords=["+s3cret"], keys=["*"], channels=["*"],
+        categories=["+@all"], commands=["-client|list"],
+    )  # fmt: skip
+    admin.close()
+    relier(REDIS_URL=f"redis://app:s3cret@127.0.0.1:{server.port}/0")
+    warning = by_id("relier.W006")
+    assert ids() == ["relier.W006"]
+    assert "HEARTBEAT_TTL_S" in warning.msg and "+client|list" in warning.hint
+
+
 def test_an_unreachable_redis_is_a_quick_warning_not_a_crash(relier):
     relier(REDIS_URL=f"redis://:hunter2@127.0.0.1:{free_port()}/0")
     started = time.monotonic()

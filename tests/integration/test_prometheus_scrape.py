@@ -8,8 +8,9 @@ token. One private Prometheus (``testproject/prometheus.py``: a free port of 127
 its own directory, stopped by PID) scrapes it every second with that token and loads
 ``docs/observability/alerts.yml``. The workload: plain commits, a task that fails twice
 and is retried, one that always raises (the DLQ, reason ``exception``), one whose pool
-process SIGKILLs itself (cause ``pool_death``), and a whole worker SIGKILLed while it
-runs a task that a survivor worker takes over (cause ``heartbeat``).
+process SIGKILLs itself, and a whole worker SIGKILLed while it runs a task that a
+survivor worker takes over (each found by a hand-off, a closed connection or a TTL,
+whichever comes first: the test counts the two resurrections, not their causes).
 """
 
 from __future__ import annotations
@@ -38,9 +39,7 @@ KEYS = KeySpace("rl")
 # Quick scans and leader hand-over, as in test_metrics.py: scans every 0.3 s, lease 2 s.
 FAST = {"RELIER_SCAN_INTERVAL_S": "0.3", "RELIER_LEADER_LEASE_S": "2"}
 # The doomed worker's tasks expire 1.5 s after its last heartbeat. The survivor keeps the
-# default TTL (10 s): Celery's main process can take seconds to notice a dead pool
-# process, and the pool_death hand-off must come before the task's heartbeat runs out,
-# or the scanner resurrects it as cause heartbeat.
+# default TTL (10 s).
 DOOMED = {**FAST, "RELIER_HEARTBEAT_TTL_S": "1.5"}
 RECORDS = 5
 
@@ -125,10 +124,11 @@ def test_prometheus_scrapes_the_workload_s_exact_figures_and_evaluates_the_alert
         "relier_tasks_committed_total": committed,
         "relier_tasks_retried_total": 2,
         'relier_tasks_dead_lettered_total{reason="exception"}': 1,
-        'relier_resurrections_total{cause="pool_death"}': 1,
-        'relier_resurrections_total{cause="heartbeat"}': 1,
-        'relier_recovery_seconds_count{cause="pool_death"}': 1,
-        'relier_recovery_seconds_count{cause="heartbeat"}': 1,
+        # fragile's pool process: its main process's hand-off or its closed connection,
+        # whichever comes first; the doomed worker: its connections or its TTL.
+        'sum(relier_resurrections_total{cause=~"pool_death|process_death|heartbeat"})': 2,
+        'sum(relier_resurrections_total{cause=~"drain|unsent"})': 0,
+        'sum(relier_recovery_seconds_count{cause=~"pool_death|process_death|heartbeat"})': 2,
         "sum(relier_recovery_seconds_count)": 2,
         # One per start: the records, 3 runs of flaky, explode, 2 of fragile, 2 of work.
         "relier_queue_wait_seconds_count": RECORDS + 8,

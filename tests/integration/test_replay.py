@@ -40,6 +40,7 @@ from relier_django.core.model.rates import Rate
 from relier_django.core.model.timing import Timing
 from relier_django.core.model.transition import history_tail
 from relier_django.core.push import admission, idempotency, producer
+from relier_django.core.recovery import deaths
 from relier_django.core.schedule import periodic
 from relier_django.core.store import cancel as store_cancel
 from relier_django.core.store import checkpoint, scripts
@@ -205,6 +206,11 @@ def handoff(cfg: config.Config, client: redis.Redis) -> Any:
     return fencing.handoff(_keys(cfg), [(env.id, env.fence)], "running", "drain").run(client)
 
 
+def orphans(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _started(cfg, client)  # held by w1@host:1, whose connection is gone
+    return deaths.hand_off(_keys(cfg), [(env.id, "w1@host:1", 1_000)]).run(client)
+
+
 def release_(cfg: config.Config, client: redis.Redis) -> Any:
     # The whole release (release.lua, publish, release_done.lua); release.lua's reply is lost.
     env = _dead(cfg, client)
@@ -352,6 +358,7 @@ CASES: dict[str, Case] = {
     "tick": Case(tick),
     "tick_done": Case(tick_done),
     "presence": Case(presence),
+    "orphans": Case(orphans),
     "admit": Case(admit, replayed=False),
     "ratelimit": Case(ratelimit_, replayed=False),
 }

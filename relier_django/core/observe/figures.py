@@ -32,8 +32,9 @@ MINUTE_SLOTS, HOUR_SLOTS = 120, 80  # _metrics.lua's rings
 
 # Resurrection causes (resurrect.lua): a dead holder's heartbeat ran out; a pool process
 # died and its parent handed the task off; a stopping worker handed it off; the message
-# never reached a worker within the queued grace.
-CAUSES: tuple[str, ...] = ("heartbeat", "pool_death", "drain", "unsent")
+# never reached a worker within the queued grace; the holder's liveness connection
+# closed (its process died: recovery/deaths.py).
+CAUSES: tuple[str, ...] = ("heartbeat", "pool_death", "drain", "unsent", "process_death")
 # The counters of _metrics.lua, by their name in the store.
 COUNTERS: tuple[str, ...] = (
     "pushed", "committed", "retried", "stale", "released", "cancelled", "refused",

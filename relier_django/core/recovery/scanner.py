@@ -17,7 +17,8 @@ from typing import Any
 from ..model.config import Config
 from ..schedule import periodic
 from ..schedule.dispatch import Dispatcher
-from ..store import scripts
+from ..store import liveness, scripts
+from . import deaths
 from .resurrector import PassReport, Resurrector
 
 logger = logging.getLogger("relier_django.resurrector")
@@ -28,6 +29,8 @@ _MAX_BLOCK_S = 1.0
 _MIN_BLOCK_S = 0.005
 # Below this, wait on the local clock (see _sleep): more than one Redis clock tick.
 _LOCAL_WAIT_S = 0.15
+# How long a death stays in a scanner's memory, for it to act on once it leads.
+_DEATH_MEMORY_S = 60.0
 
 
 class Scanner:
@@ -42,6 +45,10 @@ class Scanner:
         self.scanner_id = scanner_id
         self._stop = threading.Event()
         self._leads = False  # as of the last pass
+        self.deaths = deaths.Deaths(self.resurrector.client, self.resurrector.keys)
+        # Holders found dead and not handed off yet (by this scanner, once it leads):
+        # worker -> (its last sign of life, Redis ms; when this scanner found it).
+        self._dead: dict[str, tuple[int, float]] = {}
 
     def is_leader(self) -> bool:
         """Acquire or extend the lease; True while this scanner holds it."""
@@ -73,9 +80,16 @@ class Scanner:
         the next pass (woken early by a push that makes a new earliest due time), and
         dispatches it then; the resurrector keeps its interval."""
         interval = self.config.scan_interval_s if interval_s is None else interval_s
+        # This scanner's own death is seen as any holder's: a leader that dies is
+        # replaced within a check, not after its lease.
+        liveness.hold(self.config, self.scanner_id)
         try:
-            next_pass = 0.0
+            next_pass = next_check = 0.0
             while True:
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + deaths.CHECK_S
+                    if self._guarded(self.check_deaths, "death check"):
+                        next_pass = 0.0  # the dead holders' tasks are due now
                 if time.monotonic() >= next_pass:
                     next_pass = time.monotonic() + interval
                     self._leads = self._guarded(self.tick, "resurrector pass") is not None
@@ -84,13 +98,51 @@ class Scanner:
                 # Every scanner fires periodic ticks (each tick is claimed, so it fires
                 # once): the leader on time, the others within a pass if it died.
                 tick_in = self._guarded(self._fire_periodic, "periodic ticks")
-                if once or self._sleep(max(0.0, next_pass - time.monotonic()), tick_in):
+                wake = min(next_pass, next_check) - time.monotonic()
+                if once or self._sleep(max(0.0, wake), tick_in):
                     return
         finally:
             try:
                 self.release()
             except Exception:
                 logger.warning("could not release the leader lease", exc_info=True)
+
+    def check_deaths(self) -> int:
+        """List the live holders; if this scanner leads (or takes the lease from a dead
+        leader), hand off the tasks of the holders found dead. Returns how many."""
+        now = time.monotonic()
+        for worker, seen_ms in self.deaths.check().items():
+            logger.warning("holder found dead (its connection is gone) worker=%s", worker)
+            self._dead[worker] = (seen_ms, now)
+        for worker, (_, found) in list(self._dead.items()):
+            if now - found > _DEATH_MEMORY_S:
+                del self._dead[worker]
+        if not self._dead:
+            return 0
+        if not self._leads:
+            leader = self.resurrector.client.get(self.resurrector.keys.leader)
+            if leader not in self._dead:
+                return 0
+            # The leader died: its lease is released now, not after LEADER_LEASE_S.
+            scripts.ScriptCall(
+                scripts.LEADER_RELEASE, self.resurrector.keys.for_leader(), [str(leader)],
+                lambda r: bool(int(r)),
+            ).run(self.resurrector.client)  # fmt: skip
+            self._leads = self.is_leader()
+            if not self._leads:
+                return 0
+            logger.warning("took the leader lease from dead scanner=%s", leader)
+        keys, client = self.resurrector.keys, self.resurrector.client
+        held = deaths.held_by(client, keys, {w: seen for w, (seen, _) in self._dead.items()})
+        handed = deaths.hand_off(keys, held).run(client) if held else 0
+        self.deaths.forget(self._dead)
+        if held:
+            logger.warning(
+                "handed off %s task(s) of %s dead holder(s) for resurrection",
+                handed, len(self._dead),
+            )  # fmt: skip
+        self._dead.clear()
+        return handed
 
     def _guarded(self, step: Any, what: str) -> Any:
         try:

@@ -258,6 +258,28 @@ def _build_async(
     return client, manager
 
 
+_NO_READ_TIMEOUT: dict[str, Any] = {"socket_timeout": None}
+
+
+def named_client(config: Config, name: str) -> redis.Redis:
+    """A client of its own (not the process's shared one) whose connections carry
+    ``name`` (``CLIENT SETNAME``, sent again by redis-py on every reconnect) and never
+    time a read out: for a connection that waits for nothing, held open so that the
+    server sees the process alive (``liveness``). Through Sentinel it follows the
+    master like the other clients."""
+    retry = redis.retry.Retry(_backoff(), _RETRIES)
+    options = {**_options(config, False), "client_name": name, "health_check_interval": 0}
+    if not config.sentinels:
+        return redis.Redis.from_url(config.redis_url, retry=retry, **options | _NO_READ_TIMEOUT)
+    # The sentinels keep the configured timeouts: only the master connection waits.
+    manager, master = _sentinel(config, options, redis.sentinel.Sentinel, redis.retry.Retry)
+    assert config.sentinel_master is not None  # Config refuses sentinels without it
+    named: redis.Redis = manager.master_for(
+        config.sentinel_master, retry=retry, **master | _NO_READ_TIMEOUT
+    )
+    return named
+
+
 def sync_client(config: Config, *, fail_fast: bool = False) -> redis.Redis:
     """This process's client for ``config``'s Redis (decoded str replies).
 

@@ -28,6 +28,7 @@ returns its KEYS in the order its ``.lua`` header declares.
 | ``<p>:m``                   | hash   | metrics: counters, histogram buckets; no TTL, bounded   |
 | ``<p>:m:w``                 | hash   | metrics: per-minute (120) and per-hour (80) ring slots  |
 | ``<p>:workers``             | zset   | worker main process id -> liveness deadline (ms)        |
+| ``<p>:holders``             | set    | ids of processes holding a liveness connection          |
 """
 
 from __future__ import annotations
@@ -150,6 +151,18 @@ class KeySpace:
     def workers(self) -> str:
         return f"{self.prefix}:workers"
 
+    @property
+    def holders(self) -> str:
+        # Every process that opened a liveness connection, until a scanner finds it dead:
+        # a death is found even if no scanner listed the process while it lived.
+        return f"{self.prefix}:holders"
+
+    @property
+    def liveness_channel(self) -> str:
+        # A pub/sub channel, not a key: liveness connections subscribe to it, and
+        # nothing is ever published on it (store/liveness.py).
+        return f"{self.prefix}:alive"
+
     def _counted(self) -> list[str]:
         # The two metrics keys a counting script takes, '' for each when metrics are off.
         return [self.metrics_counters, self.metrics_windows] if self.metrics else ["", ""]
@@ -179,7 +192,7 @@ class KeySpace:
             self.periodic, self.periodic_claims,
             self.schedule_wake,
             self.lock("*"), self.lock_token("*"),
-            self.metrics_counters, self.metrics_windows, self.workers,
+            self.metrics_counters, self.metrics_windows, self.workers, self.holders,
         )  # fmt: skip
 
     # -- KEYS for each script, in the order of its header -------------------------
@@ -210,6 +223,9 @@ class KeySpace:
         return [self.expiry, *(self.task(t) for t in task_ids)]
 
     def for_handoff(self, task_ids: list[str]) -> list[str]:
+        return self.for_heartbeat(task_ids)
+
+    def for_orphans(self, task_ids: list[str]) -> list[str]:
         return self.for_heartbeat(task_ids)
 
     def for_commit(self, task_id: str, idem_key: str | None) -> list[str]:

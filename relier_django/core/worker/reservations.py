@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from ..model.config import Config
-from ..store import scripts
+from ..store import liveness, scripts
 from ..store.connection import sync_client
 from ..store.keys import KeySpace
 from . import fencing
@@ -184,6 +184,8 @@ class Reservations:
                 logger.warning("reserved-task refresh failed", exc_info=True)
 
     def start_thread(self) -> None:
+        if self.worker:  # the tasks this process prefetches are held under its name
+            liveness.hold(self.config, self.worker)
         self._thread = threading.Thread(target=self.run, name="relier-reservations", daemon=True)
         self._thread.start()
 

@@ -38,7 +38,7 @@ from ..model.failure import Failure, Reason
 from ..model.schema import Call, SchemaMismatch
 from ..model.spec import TaskSpec
 from ..model.transition import Transition
-from ..store import bridge, checkpoint
+from ..store import bridge, checkpoint, liveness
 from ..store.connection import async_client, sync_client
 from ..store.keys import KeySpace
 from ..store.scripts import ScriptCall
@@ -182,6 +182,9 @@ class Runner:
 
     def _start_call(self, env: Envelope) -> ScriptCall[StartResult]:
         ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
+        # Named after this process before it holds anything: its death is then seen
+        # the moment its connection closes (store/liveness.py), not a TTL later.
+        liveness.hold(self.config, self.worker)
         return fencing.start(self.keys, env, self.worker, ttl_ms)
 
     def _refused(self, env: Envelope, started: StartResult) -> Ended:

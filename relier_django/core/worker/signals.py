@@ -37,7 +37,7 @@ from ..model import config
 from ..model.envelope import decode
 from ..model.errors import EnvelopeError
 from ..recovery.scanner import Scanner
-from ..store import bridge
+from ..store import bridge, liveness
 from ..store.connection import describe, sync_client
 from ..store.keys import KeySpace
 from . import fencing, timeouts
@@ -48,6 +48,7 @@ logger = logging.getLogger("relier_django.signals")
 
 _scanner: Scanner | None = None
 _reservations: Reservations | None = None
+_hostname: str | None = None  # this worker's node name (celeryd_after_setup)
 
 
 def worker_id(hostname: object = None) -> str:
@@ -105,6 +106,8 @@ def _startup_config() -> config.Config:
 
 
 def _on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    global _hostname
+    _hostname = sender  # Celery's node name, for the pool processes forked after this
     queue = config.current().recovery_queue
     instance.app.amqp.queues.select_add(queue)
     logger.info("consuming the recovery queue %s", queue)
@@ -312,6 +315,13 @@ def _on_task_unknown(sender: Any = None, message: Any = None, name: str = "", **
         )
 
 
+def _on_process_init(**_: Any) -> None:
+    """A pool process names its liveness connection as it starts, before it can take a
+    task: its death is then seen at once, even if it dies running its first task (the
+    runner holds it too, for a pool made some other way)."""
+    liveness.hold(config.current(), worker_id(_hostname))
+
+
 def connect() -> None:
     """Connect the hooks (idempotent)."""
     uid = "relier_django."
@@ -320,6 +330,9 @@ def connect() -> None:
         _on_after_setup, dispatch_uid=uid + "after_setup", weak=False
     )
     signals.worker_ready.connect(_on_worker_ready, dispatch_uid=uid + "worker_ready", weak=False)
+    signals.worker_process_init.connect(
+        _on_process_init, dispatch_uid=uid + "process_init", weak=False
+    )
     signals.worker_shutting_down.connect(
         _on_worker_shutting_down, dispatch_uid=uid + "shutting_down", weak=False
     )

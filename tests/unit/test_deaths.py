@@ -1,0 +1,131 @@
+"""The verdict logic of recovery/deaths.py: who is dead, and when not to say so.
+
+The client is a stub that answers the three reads of a check (TIME, INFO server,
+CLIENT LIST) from a script: what is tested is the bookkeeping, not Redis (the real
+thing is tests/chaos/test_process_death.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from relier_django.core.recovery import deaths
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.store.liveness import connection_name, worker_of
+
+
+class _Pipe:
+    def __init__(self, server: _Server) -> None:
+        self.server = server
+
+    def time(self) -> None: ...
+    def info(self, _section: str) -> None: ...
+    def client_list(self, _type: str) -> None: ...
+    def smembers(self, _key: str) -> None: ...
+
+    def execute(self) -> list[Any]:
+        s = self.server
+        if s.refuse:
+            raise redis.ResponseError("NOPERM this user has no permissions to run 'client'")
+        clients = [{"name": connection_name("rl", w)} for w in s.live] + [{"name": "other"}]
+        now = (s.now_ms // 1000, (s.now_ms % 1000) * 1000)
+        return [now, {"run_id": s.run_id}, clients, set(s.registered)]
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.live: set[str] = set()
+        self.registered: set[str] = set()
+        self.run_id = "a"
+        self.now_ms = 1_000_000
+        self.refuse = False
+
+    def pipeline(self, transaction: bool = False) -> _Pipe:
+        return _Pipe(self)
+
+
+@pytest.fixture
+def clock(monkeypatch):  # type: ignore[no-untyped-def]
+    now = [100.0]
+    monkeypatch.setattr(deaths.time, "monotonic", lambda: now[0])
+    return now
+
+
+def _step(d: deaths.Deaths, server: _Server, clock: list[float], s: float) -> dict[str, int]:
+    clock[0] += s
+    server.now_ms += int(s * 1000)
+    return d.check()
+
+
+def test_names_are_read_back_only_for_this_prefix():
+    assert worker_of("rl", connection_name("rl", "w1@h:7")) == "w1@h:7"
+    assert worker_of("rl", connection_name("other", "w1@h:7")) is None
+    assert worker_of("rl", "relier:7") is None and worker_of("rl", "") is None
+
+
+def test_a_holder_seen_then_absent_for_the_grace_is_dead_with_its_last_sign_of_life(clock):
+    server, d = _Server(), None
+    d = deaths.Deaths(server, KeySpace("rl"), grace_s=1.0)  # type: ignore[arg-type]
+    server.live = {"w:1", "w:2"}
+    assert d.check() == {}
+    seen_ms = server.now_ms
+    server.live = {"w:2"}
+    assert _step(d, server, clock, 0.25) == {}  # missing, within the grace
+    assert _step(d, server, clock, 0.5) == {}
+    assert _step(d, server, clock, 0.5) == {"w:1": seen_ms}
+    assert _step(d, server, clock, 2.0) == {}  # said once
+
+
+def test_a_holder_back_within_the_grace_is_not_dead(clock):
+    server = _Server()
+    d = deaths.Deaths(server, KeySpace("rl"), grace_s=1.0)  # type: ignore[arg-type]
+    server.live = {"w:1"}
+    d.check()
+    server.live = set()
+    assert _step(d, server, clock, 0.75) == {}
+    server.live = {"w:1"}  # its client reconnected
+    assert _step(d, server, clock, 0.25) == {}
+    assert _step(d, server, clock, 5.0) == {}
+
+
+def test_a_name_never_seen_alive_nor_registered_is_never_found_dead(clock):
+    server = _Server()
+    d = deaths.Deaths(server, KeySpace("rl"), grace_s=1.0)  # type: ignore[arg-type]
+    assert d.check() == {}
+    assert _step(d, server, clock, 10.0) == {}
+
+
+def test_a_registered_holder_never_listed_by_this_scanner_is_found_dead(clock):
+    # It opened its connection, registered and died between two checks.
+    server = _Server()
+    d = deaths.Deaths(server, KeySpace("rl"), grace_s=1.0)  # type: ignore[arg-type]
+    server.registered = {"w:gone"}
+    first = server.now_ms
+    assert d.check() == {}
+    assert _step(d, server, clock, 0.5) == {}
+    assert _step(d, server, clock, 0.5) == {"w:gone": first}
+
+
+def test_a_new_run_id_pauses_every_verdict_while_the_processes_reconnect(clock):
+    server = _Server()
+    d = deaths.Deaths(server, KeySpace("rl"), grace_s=1.0, pause_s=5.0)  # type: ignore[arg-type]
+    server.live = {"w:1", "w:2"}
+    d.check()
+    server.run_id, server.live = "b", set()  # restarted: every connection dropped
+    assert _step(d, server, clock, 0.25) == {}
+    server.live = {"w:1"}  # w:1 reconnects; w:2 died meanwhile
+    assert _step(d, server, clock, 3.0) == {}
+    assert _step(d, server, clock, 1.9) == {}  # still within the pause
+    last_listed = d._seen["w:2"]
+    assert _step(d, server, clock, 0.25) == {}  # the pause ended: w:2 missing from now
+    assert _step(d, server, clock, 1.0) == {"w:2": last_listed}
+
+
+def test_a_server_that_refuses_client_list_turns_the_check_off(clock, caplog):
+    server = _Server()
+    server.refuse = True
+    d = deaths.Deaths(server, KeySpace("rl"))  # type: ignore[arg-type]
+    assert d.check() == {} and d.disabled
+    assert "heartbeat expiry only" in caplog.text
