@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from relier_django.core.model.config import Config
 from relier_django.core.store.keys import KeySpace
 
@@ -87,6 +89,8 @@ class Evidence:
     kept_keys: dict[str, int] = field(default_factory=dict)
     in_flight: dict[str, int] = field(default_factory=dict)
     queued: dict[str, int] = field(default_factory=dict)
+    # Workers declared dead by their connection whose process still lived at the drain.
+    found_dead_alive: list[str] = field(default_factory=list)
 
     def executions_of(self, task_id: str, event: str | None = None) -> list[Execution]:
         return [
@@ -132,6 +136,9 @@ _LOG_PATTERNS = {
     "refused": re.compile(r"message refused task_id=(\w+) fence=(\d+) reason=(\w+)"),
     "stale_dead_letter": re.compile(r"stale dead-letter rejected task_id=(\w+) fence=(\d+)"),
     "dead_lettered": re.compile(r"dead-lettered task_id=(\S+) reason=(\w+)"),
+    # A scanner's verdict on a holder whose liveness connection left (recovery/deaths.py):
+    # the worker id ends in the process's pid.
+    "found_dead": re.compile(r"holder found dead \(its connection is gone\) worker=(\S+):(\d+)"),
 }
 # How a stale incarnation learns it is stale, in its own worker's log: at start (a
 # replayed start.lua after a lost reply), from a heartbeat (cancelled, gave up), or at
@@ -146,6 +153,8 @@ def parse_log_line(line: str, source: str) -> LogEvent | None:
             continue
         if kind == "dead_lettered":
             return LogEvent(kind, m.group(1), None, source, m.group(2))
+        if kind == "found_dead":  # task_id holds the worker id, fence its pid
+            return LogEvent(kind, f"{m.group(1)}:{m.group(2)}", int(m.group(2)), source)
         detail = m.group(3) if kind == "refused" else ""
         return LogEvent(kind, m.group(1), int(m.group(2)), source, detail)
     return None
@@ -235,10 +244,11 @@ def collect(client, pushed: dict[str, Pushed], journal: Path, logs: Iterable[Pat
     """Everything the checker needs; ``client`` must decode responses."""
     tied, untied = read_dlq(client)
     leaked, no_ttl, kept = read_leftovers(client)
+    events = read_logs(logs)
     return Evidence(
         pushed=dict(pushed),
         executions=read_journal(journal),
-        log_events=read_logs(logs),
+        log_events=events,
         outcomes=read_outcomes(client, list(pushed)),
         dlq=tied,
         untied=untied,
@@ -247,4 +257,9 @@ def collect(client, pushed: dict[str, Pushed], journal: Path, logs: Iterable[Pat
         kept_keys=kept,
         in_flight=in_flight(client),
         queued=queued(client),
+        found_dead_alive=[
+            e.task_id
+            for e in events
+            if e.kind == "found_dead" and e.fence is not None and psutil.pid_exists(e.fence)
+        ],
     )

@@ -88,6 +88,19 @@ def _ids(ids: list[str], limit: int = 5) -> str:
     return ", ".join(ids[:limit]) + more
 
 
+def _no_false_deaths(ev: Evidence) -> Check:
+    """A holder declared dead by its connection (recovery/deaths.py) whose process still
+    lived after the drain was declared dead falsely: a Redis restart, a failover or a
+    network cut must never do that. (Fencing keeps it safe; it costs a second run.)"""
+    found = {e.task_id for e in ev.log_events if e.kind == "found_dead"}
+    alive = sorted(ev.found_dead_alive)
+    return Check(
+        "false deaths = 0 (a live process declared dead)",
+        not alive,
+        f"{len(alive)} of {len(found)} found dead" + (f": {_ids(alive)}" if alive else ""),
+    )
+
+
 def check(ev: Evidence) -> list[Check]:
     """The invariants every scenario shares, in the order the report prints them."""
     v = verdicts(ev)
@@ -127,6 +140,7 @@ def check(ev: Evidence) -> list[Check]:
         )
     )
     checks.append(_commits_match_executions(ev, v))
+    checks.append(_no_false_deaths(ev))
     leaked = ev.leaked_keys + [f"{k} (no TTL)" for k in ev.keys_without_ttl]
     kept = ", ".join(f"{n} {pattern}" for pattern, n in sorted(ev.kept_keys.items()))
     checks.append(

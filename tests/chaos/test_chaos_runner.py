@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from chaos import SCENARIOS
-from chaos.evidence import DlqRecord, Evidence, Execution, LogEvent, Pushed
+from chaos.evidence import DlqRecord, Evidence, Execution, LogEvent, Pushed, parse_log_line
 from chaos.invariants import check, passed
 from chaos.report import Report
 from chaos.scenarios.common import stale_incarnation_checks
@@ -29,6 +29,7 @@ SHARED_INVARIANTS = [
     "committed twice = 0",
     "every outcome is the expected one",
     "every commit is a recorded execution's, at its fence",
+    "false deaths = 0 (a live process declared dead)",
     "leaked keys = 0 after the drain",
     "nothing in flight, queues empty",
 ]
@@ -173,6 +174,23 @@ def test_the_checker_reports_leaked_keys_and_work_left_in_flight():
         "leaked keys = 0 after the drain",
         "nothing in flight, queues empty",
     }
+
+
+def test_the_checker_reports_a_live_process_declared_dead():
+    ev = clean_evidence()
+    ev.log_events.append(LogEvent("found_dead", "w2@relier-chaos:12", 12, "worker-w1.log"))
+    assert passed(check(ev))  # a real death: its process is gone
+    ev.found_dead_alive = ["w2@relier-chaos:12"]
+    assert failed_checks(ev) == {"false deaths = 0 (a live process declared dead)"}
+
+
+def test_a_found_dead_log_line_names_the_worker_and_its_pid():
+    line = (
+        "2026-11-25 13:00:00,000 WARNING relier_django.resurrector holder found dead "
+        "(its connection is gone) worker=w2@relier-chaos:4242"
+    )
+    event = parse_log_line(line, "worker-w1.log")
+    assert event == LogEvent("found_dead", "w2@relier-chaos:4242", 4242, "worker-w1.log")
 
 
 def test_a_zombie_commit_fails_the_stale_incarnation_checks():
