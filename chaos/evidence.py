@@ -240,6 +240,15 @@ def queued(client) -> dict[str, int]:
     return depth
 
 
+def _lives(pid: int) -> bool:
+    # A killed pool process its worker has not reaped yet is a zombie: dead, though its
+    # pid still exists (Celery's main process may take seconds to reap it).
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def collect(client, pushed: dict[str, Pushed], journal: Path, logs: Iterable[Path]) -> Evidence:
     """Everything the checker needs; ``client`` must decode responses."""
     tied, untied = read_dlq(client)
@@ -260,6 +269,6 @@ def collect(client, pushed: dict[str, Pushed], journal: Path, logs: Iterable[Pat
         found_dead_alive=[
             e.task_id
             for e in events
-            if e.kind == "found_dead" and e.fence is not None and psutil.pid_exists(e.fence)
+            if e.kind == "found_dead" and e.fence is not None and _lives(e.fence)
         ],
     )

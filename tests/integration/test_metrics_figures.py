@@ -147,7 +147,13 @@ def test_a_resurrected_task_s_zombie_commit_is_counted_stale_and_the_new_one_com
 
     found = metrics.read()
     assert dict(found.counters) == {**NONE, "pushed": 1, "committed": 1, "stale": 1}
-    assert found.resurrections == {"heartbeat": 1, "pool_death": 0, "drain": 0, "unsent": 0}
+    assert found.resurrections == {
+        "heartbeat": 1,
+        "pool_death": 0,
+        "drain": 0,
+        "unsent": 0,
+        "process_death": 0,
+    }
     samples = _samples(found)
     assert samples[("relier_stale_commits_refused_total", ())] == 1
     assert samples[("relier_tasks_committed_total", ())] == 1
@@ -212,7 +218,13 @@ def test_drain_and_unsent_resurrections_and_their_recovery_are_measured_exactly(
     assert client.hget(KEYS.task(drained.id), "rc_seen") == str(handed_ms)
     assert client.hget(KEYS.task(unsent.id), "rc_seen") == str(created_ms)
     found = metrics.read()
-    assert found.resurrections == {"heartbeat": 0, "pool_death": 0, "drain": 1, "unsent": 1}
+    assert found.resurrections == {
+        "heartbeat": 0,
+        "pool_death": 0,
+        "drain": 1,
+        "unsent": 1,
+        "process_death": 0,
+    }
     assert all(h.count == 0 for h in found.recovery.values())  # none has started yet
     published = _recovery_queue(client, cfg.recovery_queue)
     assert {i: e.fence for i, e in published.items()} == {drained.id: 2, unsent.id: 2}

@@ -30,6 +30,7 @@ class _Pipe:
         if s.refuse:
             raise redis.ResponseError("NOPERM this user has no permissions to run 'client'")
         clients = [{"name": connection_name("rl", w)} for w in s.live] + [{"name": "other"}]
+        s.registered |= s.live  # liveness.hold registers once connected
         now = (s.now_ms // 1000, (s.now_ms % 1000) * 1000)
         return [now, {"run_id": s.run_id}, clients, set(s.registered)]
 
@@ -121,6 +122,16 @@ def test_a_new_run_id_pauses_every_verdict_while_the_processes_reconnect(clock):
     last_listed = d._seen["w:2"]
     assert _step(d, server, clock, 0.25) == {}  # the pause ended: w:2 missing from now
     assert _step(d, server, clock, 1.0) == {"w:2": last_listed}
+
+
+def test_a_holder_that_unregistered_left_on_purpose_and_is_not_dead(clock):
+    server = _Server()
+    d = deaths.Deaths(server, KeySpace("rl"), grace_s=1.0)  # type: ignore[arg-type]
+    server.live = {"w:1"}
+    d.check()
+    server.live, server.registered = set(), set()  # liveness.leave, then its exit
+    assert _step(d, server, clock, 0.5) == {}
+    assert _step(d, server, clock, 5.0) == {}
 
 
 def test_a_server_that_refuses_client_list_turns_the_check_off(clock, caplog):

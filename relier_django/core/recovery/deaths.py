@@ -2,8 +2,8 @@
 
 Each process that can hold a task holds a connection named after it and registers
 itself (``store/liveness.py``). Every scanner lists those names (``CLIENT LIST TYPE
-pubsub``) and the registered processes every ``CHECK_S``; a process it saw, or that
-registered, whose name stays absent for ``GRACE_S`` is dead.
+pubsub``) and the registered processes every ``CHECK_S``; a registered process whose
+name stays absent for ``GRACE_S`` is dead (one that unregistered left on purpose).
 The leader then hands its tasks off (``orphans.lua``) and resurrects them at once; a
 scanner that sees the leader itself die takes the lease without waiting it out.
 
@@ -105,7 +105,13 @@ class Deaths:
             self._seen[worker] = self._last_check_ms or now_ms
         self._last_check_ms = now_ms
         for worker in self._seen.keys() - live:
-            self._missing.setdefault(worker, now)
+            if worker not in registered:
+                # Unregistered: it left on purpose (a warm shutdown), or a scanner
+                # already handed its tasks off. Not a death to act on.
+                del self._seen[worker]
+                self._missing.pop(worker, None)
+            else:
+                self._missing.setdefault(worker, now)
         dead = {w: self._seen.pop(w) for w, since in self._missing.items()
                 if now - since >= self.grace_s}  # fmt: skip
         for worker in dead:

@@ -8,6 +8,9 @@ process dies, SIGKILL and the OOM killer included, the kernel closes the socket 
 the server drops the connection: the scanners see the name leave ``CLIENT LIST``
 (``recovery/deaths.py``) within a check, instead of waiting out a heartbeat TTL.
 
+A process that stops on purpose unregisters first (``leave``): only a registered
+process is ever declared dead.
+
 The connection never times a read out and is never closed by this side: a slow
 network or a pause leaves it open (the TTL covers a frozen process and a lost host).
 When the server closes it (a restart, a failover, a client kill), redis-py reconnects
@@ -102,6 +105,15 @@ def hold(config: Config, worker: str) -> bool:
             )
             return False
     return True
+
+
+def leave(config: Config, worker: str) -> None:
+    """A process that stops on purpose (a warm shutdown) unregisters first: its
+    connection will close, and a scanner must not take that for a death (its reserved
+    messages go back to their queues; its running tasks finish or are handed off)."""
+    held = _held.get((target(config), worker))
+    if held is not None:
+        held.client.srem(KeySpace.of(config).holders, worker)
 
 
 def _after_fork_in_child() -> None:

@@ -162,6 +162,8 @@ class Reservations:
         """Give every reserved task up for immediate resurrection (warm shutdown)."""
         self.stop()
         try:
+            if self.worker:
+                liveness.leave(self.config, self.worker)
             self.announce(alive=False)
         except Exception:  # the live view only: its entry lapses after one TTL
             logger.warning("could not remove worker=%s from the live workers", self.worker)
