@@ -499,3 +499,19 @@ def test_a_lost_reply_is_answered_as_the_first_call_and_changes_nothing_more(
         assert lost_runs == plain_runs, "a one-attempt script was replayed"
         assert lost_answer == ("ConnectionError", "ConnectionError")
     assert lost_state == plain_state
+
+
+def test_orphans_leaves_a_task_whose_holder_changed_after_the_scanner_read_it(redis_client):
+    """The race orphans.lua closes: the leader reads a dead holder's tasks, then, before
+    it hands them off, one moves on (resurrected by TTL and started by a live process).
+    The script re-checks holder and state in one step: the live run is left alone."""
+    cfg = config.current()
+    client = sync_client(cfg)
+    keys = _keys(cfg)
+    env = _started(cfg, client)  # held by w1@host:1
+    read = deaths.held_by(client, keys, {"w1@host:1": 1_000})
+    assert read == [(env.id, "w1@host:1", 1_000)]
+    # What start.lua writes when another process starts its next incarnation.
+    client.hset(keys.task(env.id), mapping={"worker": "w2@host:2"})
+    assert deaths.hand_off(keys, read).run(client) == 0
+    assert client.hget(keys.task(env.id), "state") == "running"
