@@ -113,3 +113,64 @@ def test_a_frozen_worker_keeps_its_connection_and_is_recovered_by_its_ttl(
     time.sleep(2.5)  # the zombie's own run ends (2 s) and tries to commit
     assert client.lrange("demo:exec:pd-frozen", 0, -1).count("2") == 1
     assert metrics.read().counters["committed"] == 1
+
+
+def test_a_heartbeat_ttl_that_runs_out_is_acted_on_within_a_check_not_at_the_next_pass(
+    worker_factory, redis_client
+):
+    # Passes a minute apart: only the leader's check of deadlines just passed can bring
+    # the frozen worker's task back within the wait below.
+    slow_scan = {"RELIER_SCAN_INTERVAL_S": "60", "RELIER_HEARTBEAT_TTL_S": "1.5"}
+    client = sync_client(config.current())
+    survivor = worker_factory(name="survivor", queues=("elsewhere",), extra_env=slow_scan)
+    wait_until(lambda: survivor.hostname in (client.get(KEYS.leader) or ""), 10, what="lead")
+    frozen = worker_factory(name="frozen", extra_env=slow_scan)
+    receipt = tasks.work.push("pd-ttl-check", 2.0)
+    _running(client, receipt.task_id)
+    frozen.stop_group()  # SIGSTOP: alive, connections open, no heartbeat
+    try:
+        _running(client, receipt.task_id, fence=2)  # within 30 s, the next pass is at 60 s
+        assert metrics.read().resurrections["heartbeat"] == 1
+    finally:
+        frozen.cont_group()
+    wait_until(lambda: receipt.status == "SUCCESS", 30)
+
+
+def _starts(client, label: str) -> list[tuple[int, float]]:  # type: ignore[no-untyped-def]
+    """``(fence, time)`` of each start of demo.work ``label``."""
+    found = []
+    for entry in client.lrange(f"demo:start:{label}", 0, -1):
+        fence, at, _pid = entry.split(":")
+        found.append((int(fence), float(at)))
+    return found
+
+
+def test_a_resurrected_task_runs_ahead_of_the_taking_workers_prefetched_backlog(
+    worker_factory, redis_client
+):
+    client = sync_client(config.current())
+    busy = worker_factory(
+        name="busy", concurrency=1, queues=("elsewhere",),
+        extra_args=("--prefetch-multiplier", "4"),
+    )  # fmt: skip
+    victim = worker_factory(name="victim", concurrency=1)
+    receipt = tasks.work.push("pd-ahead", 3.0)
+    _running(client, receipt.task_id)
+    fills = [f"pd-fill-{i}" for i in range(8)]
+    for label in fills:  # 2 s each: the busy worker runs one and holds 4 in its buffer
+        tasks.work.apply_async((label, 2.0), queue="elsewhere")
+    wait_until(lambda: _starts(client, fills[0]), 30, what="the busy worker's first fill")
+    killed_at = time.time()
+    victim.kill()
+
+    wait_until(lambda: receipt.status == "SUCCESS", 60, what="the resurrected task")
+    (restarted_at,) = [at for fence, at in _starts(client, "pd-ahead") if fence == 2]
+    ahead = [
+        label for label in fills
+        if any(killed_at < at < restarted_at for _, at in _starts(client, label))
+    ]  # fmt: skip
+    # Taken at the first free prefetch slot (a fill starting), it runs next: at most one
+    # more fill starts in the time its holder's death takes to be found. Behind the
+    # buffer it would wait for the 3 fills held there as well.
+    assert len(ahead) <= 2, (ahead, busy.log_text()[-3000:])
+    wait_until(lambda: all(client.llen(f"demo:exec:{label}") for label in fills), 60)

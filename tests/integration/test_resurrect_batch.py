@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 
 import pytest
@@ -352,3 +353,24 @@ def test_a_task_whose_fence_moved_before_the_record_is_counted_superseded(redis_
     assert report.outcomes == {"resurrected": 2, "superseded": 1}
     assert client.hget(KEYS.task(ids[1]), "res") == "0"  # not counted as resurrected
     assert client.hget(KEYS.task(ids[0]), "res") == "1"
+
+
+def test_a_deadline_is_newly_due_once_and_a_stale_one_never(redis_client):
+    client = sync_client(config.current())
+    res = Resurrector(RecordingApp(), config.current(), "scanner-1")
+    stale, fresh = _stored(client, 1), _stored(client, 1)
+    _expire(client, stale)  # a minute overdue: a pass already left it (a full queue)
+    due, seen = res.newly_due(None)
+    assert not due  # a first look has no "since": it only starts the watch
+    assert res.newly_due(seen) == (False, res.newly_due(seen)[1])  # stale: not new
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    client.zadd(KEYS.expiry, {fresh[0]: now_ms})  # handoff.lua dates a hand-off now
+    due, seen = res.newly_due(seen)
+    assert due
+    # A deadline in the very millisecond of a look may count for one more look; after
+    # that it is old news, whatever a pass did with it.
+    time.sleep(0.005)
+    _, seen = res.newly_due(seen)
+    time.sleep(0.005)
+    assert not res.newly_due(seen)[0]

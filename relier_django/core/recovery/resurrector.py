@@ -124,6 +124,26 @@ class Resurrector:
             ),
         )
 
+    def newly_due(self, since_ms: int | None) -> tuple[bool, int]:
+        """Whether a deadline passed in ``[since_ms, now]`` (Redis clock), and now.
+
+        A leader asks this every death check: a task handed off (its deadline set to
+        now), a heartbeat TTL that ran out or a lease that lapsed is resurrected within
+        a check instead of at the next pass. Only deadlines that passed since the last
+        look count, so an expired task a pass leaves (the recovery queue is full) does
+        not make every check a pass. One round trip: the earliest deadline after
+        ``since_ms`` is compared with the time read in the same pipeline. ``since_ms``
+        itself is included: a deadline set in the millisecond of the last look, after
+        it, is not missed (one set before it costs one extra pass)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.time()
+        after = "-inf" if since_ms is None else since_ms
+        pipe.zrangebyscore(self.keys.expiry, after, "+inf", start=0, num=1, withscores=True)
+        (seconds, micros), earliest = pipe.execute()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        due = since_ms is not None and bool(earliest) and float(earliest[0][1]) <= now_ms
+        return due, now_ms
+
     def recovery_depth(self) -> int:
         """Messages waiting in the recovery queue (0 when it does not exist yet)."""
         return queue_depth(self.app, self.config.recovery_queue)

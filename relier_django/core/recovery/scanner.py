@@ -3,8 +3,10 @@ dispatches the schedule's due tasks.
 
 Every worker's main process runs one (``EMBEDDED_RESURRECTOR``), and so does
 ``manage.py relier_resurrector``; ``leader.lua`` lets one of them lead at a time. The
-leader runs a resurrector pass every ``SCAN_INTERVAL_S`` and, between passes, sleeps
-until the earliest scheduled task is due (``schedule.dispatch``).
+leader runs a resurrector pass every ``SCAN_INTERVAL_S``, and at once when a check
+(every ``deaths.CHECK_S``) finds a holder dead or a deadline just passed (a hand-off, a
+heartbeat TTL); between passes it sleeps until the earliest scheduled task is due
+(``schedule.dispatch``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Scanner:
         # Holders found dead and not handed off yet (by this scanner, once it leads):
         # worker -> (its last sign of life, Redis ms; when this scanner found it).
         self._dead: dict[str, tuple[int, float]] = {}
+        self._due_seen_ms: int | None = None  # Redis ms of the leader's last due check
 
     def is_leader(self) -> bool:
         """Acquire or extend the lease; True while this scanner holds it."""
@@ -88,8 +91,10 @@ class Scanner:
             while True:
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + deaths.CHECK_S
-                    if self._guarded(self.check_deaths, "death check"):
-                        next_pass = 0.0  # the dead holders' tasks are due now
+                    if self._guarded(self.check_deaths, "death check") or (
+                        self._leads and self._guarded(self._newly_due, "due check")
+                    ):
+                        next_pass = 0.0  # a death, or a deadline that just passed
                 if time.monotonic() >= next_pass:
                     next_pass = time.monotonic() + interval
                     self._leads = self._guarded(self.tick, "resurrector pass") is not None
@@ -143,6 +148,11 @@ class Scanner:
             )  # fmt: skip
         self._dead.clear()
         return handed
+
+    def _newly_due(self) -> bool:
+        """True when a deadline passed since the last check (a hand-off, a TTL)."""
+        due, self._due_seen_ms = self.resurrector.newly_due(self._due_seen_ms)
+        return due
 
     def _guarded(self, step: Any, what: str) -> Any:
         try:

@@ -4,7 +4,8 @@
 - ``celeryd_after_setup``: the worker consumes the recovery queue, whatever ``-Q``
   says, so resurrected tasks always find a consumer.
 - ``worker_ready``: the embedded resurrector (a scanner thread in the worker's main
-  process; passes never block task execution).
+  process; passes never block task execution); a message from the recovery queue
+  will wait for a free pool process ahead of the prefetched ones (see ``front``).
 - ``worker_shutting_down`` (SIGTERM): stop scanning, hand reserved tasks off at once,
   running ones after the drain timeout (``handoff.lua``), so they restart elsewhere
   without waiting for a heartbeat TTL.
@@ -12,8 +13,8 @@
   the main process until a pool process accepts it (see ``reservations``).
 - ``task_failure`` with ``WorkerLostError`` (a pool process died: SIGKILL, the OOM
   killer, a crash in C code): the main process hands the task it was running off at
-  once (``handoff.lua``), so it is resurrected at the next scan instead of after a
-  heartbeat TTL.
+  once (``handoff.lua``), so it is resurrected within a death check instead of after
+  a heartbeat TTL.
 - ``task_failure`` with ``TimeLimitExceeded`` (Celery's hard time limit stopped a task:
   prefork kills the pool process): the main process dead-letters the incarnation it
   stopped at once, reason ``hard_timeout``, never to be resurrected for it.
@@ -40,7 +41,7 @@ from ..recovery.scanner import Scanner
 from ..store import bridge, liveness
 from ..store.connection import describe, sync_client
 from ..store.keys import KeySpace
-from . import fencing, timeouts
+from . import fencing, front, timeouts
 from .reservations import Reservations, fence_of, waiting_request_ids
 from .runner import Runner
 
@@ -117,6 +118,8 @@ def _on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     global _scanner, _reservations
     cfg = config.current()
+    if not front.install(getattr(sender, "controller", None), cfg.recovery_queue):
+        logger.info("resurrected tasks wait in line here: this pool keeps no prefetch wait")
     if _reservations is None:  # from now on, this worker shows in the live view
         _reservations = Reservations(
             cfg, waiting_request_ids, worker_id(getattr(sender, "hostname", None))

@@ -1,0 +1,48 @@
+"""worker/front.py: a message from the recovery queue joins the head of the worker's
+wait for a free pool process; the others keep their order. The real thing (a prefork
+worker with a prefetched backlog) is tests/chaos/test_process_death.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from kombu.asynchronous.semaphore import LaxBoundedSemaphore
+
+from relier_django.core.worker import front
+
+pytestmark = pytest.mark.unit
+
+RECOVERY = "relier.recovery"
+
+
+def _request(task_id: str, queue: str = "celery") -> SimpleNamespace:
+    return SimpleNamespace(id=task_id, delivery_info={"routing_key": queue})
+
+
+def test_a_recovered_message_waits_at_the_head_and_the_rest_keep_their_order():
+    ran: list[str] = []
+    controller = SimpleNamespace(semaphore=LaxBoundedSemaphore(1))
+    assert front.install(controller, RECOVERY)
+    assert front.install(controller, RECOVERY)  # idempotent: wrapped once
+
+    def process(request: SimpleNamespace) -> None:
+        ran.append(request.id)
+
+    for request in [_request("a"), _request("b"), _request("c"), _request("r", RECOVERY)]:
+        controller.semaphore.acquire(process, request)  # as Celery's _process_task_sem
+    controller.semaphore.acquire(process, _request("d"))
+    for _ in range(4):
+        controller.semaphore.release()  # a pool process became free
+    assert ran == ["a", "r", "b", "c", "d"]
+
+
+def test_a_worker_without_the_wait_is_left_alone():
+    assert not front.install(SimpleNamespace(semaphore=None), RECOVERY)
+    assert not front.install(None, RECOVERY)
+
+
+def test_the_recovery_queue_is_told_by_the_routing_key():
+    assert front.from_recovery(_request("r", RECOVERY), RECOVERY)
+    assert not front.from_recovery(SimpleNamespace(delivery_info={}), RECOVERY)
+    assert not front.from_recovery(SimpleNamespace(), RECOVERY)
