@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from relier_django import metrics
 from relier_django.core.model import config
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
@@ -116,3 +117,30 @@ def test_a_master_killed_mid_workload_fails_over_and_every_task_commits_once(gro
     twice = sum(len(f) > 1 for f in runs.values())
     print(f"failover took {failover_s:.1f}s; tasks run twice: {twice} of {len(runs)}")
     assert failover_s < 15
+
+
+def test_a_failover_declares_no_live_worker_dead(group, worker_factory):
+    """Every liveness connection drops with the old master and comes back on the new
+    one, which has another run id: the scanners pause their verdicts while the
+    processes reconnect, so the task running across the failover keeps its incarnation
+    (default 10 s TTL: nothing else could resurrect it) and commits once, at fence 1."""
+    env = {**group.env(), "RELIER_SCAN_INTERVAL_S": "0.3", "RELIER_LEADER_LEASE_S": "2"}
+    worker = worker_factory(name="steady", concurrency=2, extra_env=env)
+    options = {**app.conf.broker_transport_options, "master_name": group.master_name}
+    with process_pointed_at(
+        group.env(), broker_transport_options=options, task_publish_retry_policy=PUBLISH_RETRY
+    ):
+        client = sync_client(config.current())
+        receipt = tasks.work.push("failover-steady", 8.0)
+        wait_until(
+            lambda: client.hget(KEYS.task(receipt.task_id), "state") == "running", 30,
+            what="the task running",
+        )  # fmt: skip
+        old = group.kill_master_when_replicated()
+        group.wait_for_failover(old)
+        wait_until(lambda: receipt.status == "SUCCESS", 60, what="the task to commit")
+
+        assert client.lrange("demo:exec:failover-steady", 0, -1) == ["1"]
+        found = metrics.read()
+        assert sum(found.resurrections.values()) == 0, dict(found.resurrections)
+    assert "holder found dead" not in worker.log_text()
