@@ -515,3 +515,21 @@ def test_orphans_leaves_a_task_whose_holder_changed_after_the_scanner_read_it(re
     client.hset(keys.task(env.id), mapping={"worker": "w2@host:2"})
     assert deaths.hand_off(keys, read).run(client) == 0
     assert client.hget(keys.task(env.id), "state") == "running"
+
+
+def test_orphans_puts_a_dead_holders_running_task_before_its_reserved_backlog(redis_client):
+    """A pass takes the expiry index in deadline order: the interrupted task (running)
+    is dated 1 ms before the messages its worker had prefetched (queued), so it is
+    re-dispatched first."""
+    cfg = config.current()
+    client = sync_client(cfg)
+    keys = _keys(cfg)
+    running = _started(cfg, client)  # held by w1@host:1
+    reserved = producer.prepare(tasks.record.relier_spec, ("y",), {}, "replay-reserved")
+    assert idempotency.store(keys, reserved, reserved.encode(), 60_000, 3).run(client).stored
+    client.hset(keys.task(reserved.id), mapping={"worker": "w1@host:1"})  # heartbeat.lua's mark
+    held = [(running.id, "w1@host:1", 5_000), (reserved.id, "w1@host:1", 5_000)]
+    assert deaths.hand_off(keys, held).run(client) == 2
+    assert client.zrange(keys.expiry, 0, -1, withscores=True) == [
+        (running.id, 4_999.0), (reserved.id, 5_000.0)
+    ]

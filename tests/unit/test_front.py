@@ -46,3 +46,19 @@ def test_the_recovery_queue_is_told_by_the_routing_key():
     assert front.from_recovery(_request("r", RECOVERY), RECOVERY)
     assert not front.from_recovery(SimpleNamespace(delivery_info={}), RECOVERY)
     assert not front.from_recovery(SimpleNamespace(), RECOVERY)
+
+
+def test_recovered_messages_keep_their_order_among_themselves_at_the_head():
+    ran: list[str] = []
+    controller = SimpleNamespace(semaphore=LaxBoundedSemaphore(1))
+    front.install(controller, RECOVERY)
+
+    def process(request: SimpleNamespace) -> None:
+        ran.append(request.id)
+
+    for request in [_request("a"), _request("b"), _request("r1", RECOVERY), _request("c"),
+                    _request("r2", RECOVERY)]:  # fmt: skip
+        controller.semaphore.acquire(process, request)
+    for _ in range(4):
+        controller.semaphore.release()
+    assert ran == ["a", "r1", "r2", "b", "c"]

@@ -38,14 +38,22 @@ def install(controller: Any, recovery_queue: str) -> bool:
     if getattr(semaphore, "_relier_front", False):
         return True
 
-    def add_waiter(entry: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> None:
+    def recovered(entry: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> bool:
         # kombu's LaxBoundedSemaphore queues (callback, args, kwargs); Celery's
         # callback is WorkController._process_task, its one argument the Request.
         _callback, args, _kwargs = entry
-        if args and from_recovery(args[0], recovery_queue):
-            waiting.appendleft(entry)
-        else:
+        return bool(args) and from_recovery(args[0], recovery_queue)
+
+    def add_waiter(entry: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> None:
+        if not recovered(entry):
             waiting.append(entry)
+            return
+        # Behind the recovered messages already at the head: among themselves they
+        # keep the order the resurrector sent them in (interrupted work first).
+        at = 0
+        while at < len(waiting) and recovered(waiting[at]):
+            at += 1
+        waiting.insert(at, entry)
 
     semaphore._add_waiter = add_waiter
     semaphore._relier_front = True

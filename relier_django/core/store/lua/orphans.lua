@@ -11,7 +11,9 @@
 -- ARGV[3i-1]   the worker id found dead that holds it (the hash's 'worker')
 -- ARGV[3i]     when its connection was last listed, ms (Redis clock): its last sign
 --              of life, written as the task's deadline, from which resurrect.lua dates
---              the recovery (cause 'process_death')
+--              the recovery (cause 'process_death'); a running task's 1 ms earlier, so
+--              that a pass (it takes the expiry index in deadline order) sends the
+--              interrupted work before the backlog the dead worker had prefetched
 -- RETURNS      how many tasks are handed off. A task already handed off for its dead
 --              holder counts as handed off and is left as it is, so a replay of this
 --              call after a lost reply answers the same.
@@ -21,7 +23,7 @@ for i = 2, #KEYS do
   local f = redis.call('HMGET', KEYS[i], 'state', 'worker', 'ho_cause')
   if f[2] == holder and (f[1] == 'running' or f[1] == 'queued') then
     redis.call('HSET', KEYS[i], 'state', 'handoff', 'ho_cause', 'process_death')
-    redis.call('ZADD', KEYS[1], seen, id)
+    redis.call('ZADD', KEYS[1], f[1] == 'running' and tonumber(seen) - 1 or seen, id)
     handed = handed + 1
   elseif f[2] == holder and f[1] == 'handoff' and f[3] == 'process_death' then
     handed = handed + 1
