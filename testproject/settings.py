@@ -30,6 +30,8 @@ INSTALLED_APPS = [
     "relier_django",
     "testproject.demo",
 ]
+if __import__("django").VERSION < (6, 0):  # django.tasks comes from its backport
+    INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -163,6 +165,17 @@ if env.str("CELERY_BROKER_MASTER_NAME", default=""):
 RELIER = {
     "REDIS_URL": RELIER_REDIS_URL,
 }
+
+# Django's task framework on relier (docs/django-tasks.md); the tasks of
+# testproject/demo/jobs.py run on the same workers as the @rl_task ones.
+TASKS = {
+    "default": {
+        "BACKEND": "relier_django.tasks.RelierBackend",
+        "QUEUES": ["default", "emails"],
+    }
+}
+# A worker imports an app's tasks.py by itself; any other module of tasks is named here.
+CELERY_IMPORTS = ["testproject.demo.jobs", "testproject.demo.conformance_jobs"]
 
 LOGGING = {
     "version": 1,

@@ -223,6 +223,7 @@ def rl_task(
     migrations: Mapping[int, Migration] | None = None,
     bind: bool = False,
     rate_limit: str | None = None,
+    keep_trail: bool = False,
     **celery_options: Any,
 ) -> Any:
     """Declare a task that cannot be lost. Works on ``async def`` and plain ``def``.
@@ -272,6 +273,10 @@ def rl_task(
             DLQ with reason ``schema_migration``. See docs/rolling-deploys.md.
         bind: Celery's ``bind=True``: the first parameter, whatever its name, receives
             the incarnation's ``TaskContext`` (``self.request.id`` is ``ctx.task_id``).
+        keep_trail: after the commit, keep the task's stored envelope and history with
+            its result, for ``result_ttl``, instead of deleting them (what
+            ``django.tasks``' ``TaskResult`` shows of a finished task: its arguments,
+            attempts and times). Costs the envelope's size per task for that long.
         celery_options: Celery's names for the options above (``autoretry_for``,
             ``soft_time_limit``, ``time_limit``, ``retry_backoff=True``), and Celery
             options with nothing to do here (``acks_late``, ``ignore_result``, ...);
@@ -323,7 +328,7 @@ def rl_task(
             retry_backoff_s=retry_backoff, retry_backoff_max_s=retry_backoff_max,
             soft_timeout_s=soft_timeout, hard_timeout_s=hard_timeout,
             on_soft_timeout=on_soft_timeout, admission_limit=own_rate, schema=schema,
-            bind=bind,
+            bind=bind, keep_trail=keep_trail,
         )  # fmt: skip
         signals.connect()
         body = _make_body(func)

@@ -158,6 +158,13 @@ def commit(cfg: config.Config, client: redis.Redis) -> Any:
     return fencing.commit(_keys(cfg), env, record, 60_000).run(client)
 
 
+def commit_trail(cfg: config.Config, client: redis.Redis) -> Any:
+    # A django.tasks task keeps its hash and history with the result (keys.trail).
+    env = _started(cfg, client)
+    record = outcome.succeeded({"ok": 1}, env.fence)
+    return fencing.commit(_keys(cfg), env, record, 60_000, keep_trail=True).run(client)
+
+
 def retry(cfg: config.Config, client: redis.Redis) -> Any:
     env = _started(cfg, client)
     nxt = env.next_incarnation(attempt=2)
@@ -364,6 +371,10 @@ CASES: dict[str, Case] = {
 }
 
 
+# A script with another path worth replaying: run as a case of that script.
+VARIANTS: dict[str, tuple[str, Case]] = {"commit+trail": ("commit", Case(commit_trail))}
+
+
 def _script_names() -> list[str]:
     folder = resources.files("relier_django.core.store").joinpath("lua")
     return sorted(
@@ -459,7 +470,7 @@ def _outcome(case: Case, cfg: config.Config, client: redis.Redis) -> Any:
 
 
 def _run_once(
-    name: str, proxy: LostReplyProxy, direct: redis.Redis, lose: bool
+    name: str, case: Case, proxy: LostReplyProxy, direct: redis.Redis, lose: bool
 ) -> tuple[Any, dict[str, Any], int]:
     direct.flushall()
     script = getattr(scripts, name.upper())
@@ -470,7 +481,7 @@ def _run_once(
             # Armed for the scenario's own call: set-up calls of this same script, if
             # any, come first, so count them out by arming the nth run from here.
             proxy.drop_reply(script.sha, nth=_setup_runs(name) + 1)
-        answer = _outcome(CASES[name], cfg, client)
+        answer = _outcome(case, cfg, client)
         runs = proxy.calls(script.sha) - before
     return answer, snapshot(direct), runs
 
@@ -484,13 +495,14 @@ def test_every_script_has_a_replay_scenario() -> None:
     assert sorted(CASES) == _script_names(), "give every lua/*.lua a scenario in CASES"
 
 
-@pytest.mark.parametrize("name", _script_names())
+@pytest.mark.parametrize("name", [*_script_names(), *VARIANTS])
 def test_a_lost_reply_is_answered_as_the_first_call_and_changes_nothing_more(
     name: str, lost_reply: LostReplyProxy, redis_client: redis.Redis
 ) -> None:
-    case = CASES[name]
-    plain_answer, plain_state, plain_runs = _run_once(name, lost_reply, redis_client, lose=False)
-    lost_answer, lost_state, lost_runs = _run_once(name, lost_reply, redis_client, lose=True)
+    script, case = VARIANTS.get(name) or (name, CASES[name])
+    plain = _run_once(script, case, lost_reply, redis_client, lose=False)
+    lost = _run_once(script, case, lost_reply, redis_client, lose=True)
+    (plain_answer, plain_state, plain_runs), (lost_answer, lost_state, lost_runs) = plain, lost
     assert lost_reply.dropped == 1, "the fault never fired: the scenario did not call the script"
     if case.replayed:
         assert lost_runs == plain_runs + 1, "the client did not replay the call"
@@ -531,5 +543,6 @@ def test_orphans_puts_a_dead_holders_running_task_before_its_reserved_backlog(re
     held = [(running.id, "w1@host:1", 5_000), (reserved.id, "w1@host:1", 5_000)]
     assert deaths.hand_off(keys, held).run(client) == 2
     assert client.zrange(keys.expiry, 0, -1, withscores=True) == [
-        (running.id, 4_999.0), (reserved.id, 5_000.0)
+        (running.id, 4_999.0),
+        (reserved.id, 5_000.0),
     ]

@@ -34,6 +34,9 @@ class TaskSpec:
     # The arguments' schema version and the migrations from older ones (@rl_task(version=)).
     schema: Schema = field(default_factory=Schema)
     bind: bool = False  # Celery's bind=True: the first parameter gets the context
+    # After the commit, keep the task hash and history with the result (keys.trail):
+    # django.tasks' TaskResult shows arguments, attempts and times of a finished task.
+    keep_trail: bool = False
 
     # Worked out once at decoration: inspect.signature costs tens of microseconds, and
     # every push and every run needs it.

@@ -154,7 +154,9 @@ class _Push:
         return Receipt(stored.task_id, deduplicated=True, config=self.cfg)
 
     def receipt(self) -> Receipt:
-        return Receipt(self.env.id, deduplicated=False, config=self.cfg)
+        return Receipt(
+            self.env.id, deduplicated=False, config=self.cfg, created_ms=self.env.created_ms
+        )
 
     def send_now(self, app: Any, client: Any) -> Receipt:
         """Store and queue in one step (push.lua), when the broker is kombu's Redis
@@ -211,7 +213,7 @@ class _Push:
                     "hook of the Django layer: add 'relier_django' to INSTALLED_APPS"
                 )
             return None
-        receipt = Receipt.deferred(self.env.id, self.cfg)
+        receipt = Receipt.deferred(self.env.id, self.cfg, self.env.created_ms)
         if not hook(using, functools.partial(aftercommit.deliver, self, app, receipt)):
             return None
         logger.debug(

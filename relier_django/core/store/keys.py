@@ -62,6 +62,11 @@ class KeySpace:
     def result(self, task_id: str) -> str:
         return f"{self.prefix}:r:{{{task_id}}}"
 
+    def trail(self, task_id: str) -> str:
+        # A committed task's hash and history, kept with its result when its spec
+        # asks (django.tasks: a TaskResult shows arguments, attempts and times).
+        return f"{self.prefix}:tr:{{{task_id}}}"
+
     def idempotency(self, task_name: str, key: str) -> str:
         # Namespaced by the task's full dotted name: a.process(1) and b.process(1)
         # never share a claim. Hashed so any user string makes a bounded, safe key.
@@ -176,6 +181,7 @@ class KeySpace:
         (rate limiters' windows and admission counters too)."""
         return (
             self.result("*"),
+            self.trail("*"),
             f"{self.prefix}:i:*",
             f"{self.prefix}:rl:*",
             f"{self.prefix}:adm:*",
@@ -228,9 +234,11 @@ class KeySpace:
     def for_orphans(self, task_ids: list[str]) -> list[str]:
         return self.for_heartbeat(task_ids)
 
-    def for_commit(self, task_id: str, idem_key: str | None) -> list[str]:
+    def for_commit(self, task_id: str, idem_key: str | None, keep_trail: bool = False) -> list[str]:
         keys = [self.task(task_id), self.history(task_id), self.expiry, self.result(task_id),
                 *self._counted()]  # fmt: skip
+        if keep_trail:
+            return [*keys, idem_key or "", self.trail(task_id)]
         return [*keys, idem_key] if idem_key else keys
 
     def for_checkpoint(self, task_id: str) -> list[str]:

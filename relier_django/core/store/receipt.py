@@ -87,13 +87,18 @@ class Receipt:
             whatever happens at the commit: if the commit finds a duplicate, that id is
             never used and :attr:`duplicate_of` names the task that runs instead.
         config: the config the push used (where to read the outcome).
+        created_ms: when the push was made (ms since the epoch, the producer's clock,
+            as the envelope carries it); None for a receipt not made by a push.
     """
 
-    __slots__ = ("_config", "_dispatch", "_task_id")
+    __slots__ = ("_config", "_created_ms", "_dispatch", "_task_id")
 
-    def __init__(self, task_id: str, deduplicated: bool, config: Config) -> None:
+    def __init__(
+        self, task_id: str, deduplicated: bool, config: Config, created_ms: int | None = None
+    ) -> None:
         self._task_id = task_id
         self._config = config
+        self._created_ms = created_ms
         self._dispatch = (
             Dispatch(DispatchState.DEDUPLICATED, duplicate_of=task_id)
             if deduplicated
@@ -101,9 +106,10 @@ class Receipt:
         )
 
     @classmethod
-    def deferred(cls, task_id: str, config: Config) -> Receipt:
+    def deferred(cls, task_id: str, config: Config, created_ms: int | None = None) -> Receipt:
         """A receipt for a push waiting for its transaction to commit."""
         receipt = cls(task_id, False, config)
+        receipt._created_ms = created_ms
         receipt._dispatch = _PENDING
         return receipt
 
@@ -149,6 +155,11 @@ class Receipt:
     @property
     def config(self) -> Config:
         return self._config
+
+    @property
+    def created_ms(self) -> int | None:
+        """When the push was made (ms since the epoch, the producer's clock)."""
+        return self._created_ms
 
     @property
     def state(self) -> DispatchState:

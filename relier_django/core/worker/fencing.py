@@ -86,12 +86,13 @@ def handoff(
 
 
 def commit(
-    keys: KeySpace, env: Envelope, record: str, result_ttl_ms: int
+    keys: KeySpace, env: Envelope, record: str, result_ttl_ms: int, keep_trail: bool = False
 ) -> scripts.ScriptCall[Transition]:
+    """``keep_trail``: keep the task hash and history (``keys.trail``) with the result."""
     idem = keys.idempotency(env.task, env.idem_key) if env.idem_key else None
     return scripts.ScriptCall(
         scripts.COMMIT,
-        keys.for_commit(env.id, idem),
+        keys.for_commit(env.id, idem, keep_trail),
         [env.id, env.fence, record, result_ttl_ms],
         parse_transition,
     )

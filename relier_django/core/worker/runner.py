@@ -170,9 +170,9 @@ class Runner:
             beats.remove(env.id, env.fence)
         action = self._outcome(spec, env, ctx, result, error)
         if isinstance(action, _Commit):  # the common case: no crossing to the loop
-            done = fencing.commit(self.keys, env, action.record, self.result_ttl_ms).run(
-                sync_client(self.config)
-            )
+            done = fencing.commit(
+                self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail
+            ).run(sync_client(self.config))
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 checkpoint.remove_files(self.config.checkpoint_dir, env.id)
             return self._commit_ended(env, done, result)
@@ -305,9 +305,9 @@ class Runner:
         self, spec: TaskSpec, env: Envelope, action: _Action, result: Any, error: Exception | None
     ) -> Ended:
         if isinstance(action, _Commit):
-            done = await fencing.commit(self.keys, env, action.record, self.result_ttl_ms).arun(
-                self.client
-            )
+            done = await fencing.commit(
+                self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail
+            ).arun(self.client)
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
             return self._commit_ended(env, done, result)
@@ -415,7 +415,14 @@ class Runner:
             return _Retry(f"{type(exc).__name__}: {exc}")
         reason = Reason.RETRIES_EXHAUSTED if retryable else Reason.EXCEPTION
         trace = "".join(traceback.format_exception(exc))
-        return _Dead(Failure(reason, type(exc).__name__, str(exc), trace, worker=self.worker))
+        # The importable path too: django.tasks' TaskError resolves the class from it.
+        path = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        return _Dead(
+            Failure(
+                reason, type(exc).__name__, str(exc), trace, worker=self.worker,
+                extra={"exc_path": path},
+            )
+        )  # fmt: skip
 
     async def _retry(
         self, spec: TaskSpec, env: Envelope, error: str, exc: Exception | None

@@ -5,7 +5,11 @@
 -- KEYS[1]  task hash   KEYS[2]  history list   KEYS[3]  expiry index
 -- KEYS[4]  result key
 -- KEYS[5]  metrics counters   KEYS[6]  metrics windows ('' each when metrics are off)
--- KEYS[7]  idempotency key (only for idempotent tasks)
+-- KEYS[7]  idempotency key ('' or absent when the task is not idempotent)
+-- KEYS[8]  trail hash (only for a task that keeps one: a django.tasks task, whose
+--          TaskResult shows its arguments, attempts and times after it finished):
+--          the task hash, renamed, with its history and the commit time, kept as
+--          long as the result
 -- ARGV[1]  task id
 -- ARGV[2]  fence of the committing incarnation
 -- ARGV[3]  outcome record, JSON, as receipts read it; it names the committing fence
@@ -28,14 +32,24 @@ if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
 end
 local ttl = tonumber(ARGV[4])
 redis.call('SET', KEYS[4], ARGV[3], 'PX', ttl)
-if KEYS[7] and redis.call('GET', KEYS[7]) == id then
+if KEYS[7] and KEYS[7] ~= '' and redis.call('GET', KEYS[7]) == id then
   redis.call('PEXPIRE', KEYS[7], ttl)
 end
-redis.call('DEL', KEYS[1], KEYS[2])
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if KEYS[8] then
+  local history = redis.call('LRANGE', KEYS[2], 0, -1)
+  redis.call('RENAME', KEYS[1], KEYS[8])
+  redis.call('HSET', KEYS[8], 'state', 'committed', 'done_ms', now_ms,
+    'history', '[' .. table.concat(history, ',') .. ']')
+  redis.call('PEXPIRE', KEYS[8], ttl)
+  redis.call('DEL', KEYS[2])
+else
+  redis.call('DEL', KEYS[1], KEYS[2])
+end
 redis.call('ZREM', KEYS[3], id)
 metric_count(KEYS[5], 'committed')
 if KEYS[6] ~= '' then
-  local t = redis.call('TIME')
-  metric_window(KEYS[6], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), 'ok', 1)
+  metric_window(KEYS[6], now_ms, 'ok', 1)
 end
 return {1, 0}
