@@ -18,7 +18,7 @@ from bench import (
 # name -> (entry point, its command-line arguments)
 BENCHMARKS = {
     "push_overhead": (push_overhead.main, []),
-    "delivery": (delivery.main, ["--big"]),  # 500 tasks x 5 kills, then 2,000 x 10
+    "delivery": (delivery.main, ["--big"]),  # 500 x 5 kills, 2,000 x 10, then a disrupted round
     "dlq_pages": (dlq_pages.main, []),  # 1,000,000 entries
     "admission": (admission.main, []),  # against the anchor, relier 0.1.7
     "throughput": (throughput.main, []),  # no-op and 10 ms tasks vs vanilla / acks_late

@@ -69,8 +69,9 @@ def delivery(lines: list[str]) -> None:
         )
         if pool or whole:
             lines.append(f"- {key}, kill -> re-dispatch by what was killed: a pool "
-                         f"process (handed off by its main process) {_spread(pool)}; a whole "
-                         f"worker (found by heartbeat expiry) {_spread(whole)}")  # fmt: skip
+                         f"process (handed off by its worker, or found by its closed "
+                         f"connection) {_spread(pool)}; a whole worker (found by its "
+                         f"closed connection) {_spread(whole)}")  # fmt: skip
     lines.append("")
     if _histogram(data):
         lines += [f"![recovery latency]({HISTOGRAM})", ""]
