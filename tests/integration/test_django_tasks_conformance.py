@@ -16,8 +16,9 @@ Taken (adapted, not copied; test_django_tasks.py already covers the rest):
   ``TaskResultMismatch``.
 - ``test_immediate_backend.py`` ``ImmediateBackendTestCase``: a finished task's
   status, timestamps (set and ordered), ``attempts``, ``None`` as a return value;
-  exceptions (``ValueError``, ``SystemExit``, an exception wrapping one) recorded with
-  their class path and a traceback ending in ``Name: message``; a return value JSON
+  exceptions (``ValueError``, an exception wrapping one) recorded with their class
+  path and a traceback ending in ``Name: message`` (``SystemExit`` differs, as on any
+  Celery worker: it ends the pool process, which relier takes for a death); a return value JSON
   cannot carry fails the task with ``TypeError``; ``takes_context`` (here for an
   ``async def`` task); validation against the backend in force at ``enqueue`` and
   ``aenqueue``; the ``enqueued`` log line.
