@@ -39,7 +39,7 @@ FAST_ENV: dict[str, str] = {
     "CELERY_VISIBILITY_TIMEOUT": "6",
     "CELERY_UNACKED_RESTORE_INTERVAL": "0.5",
     "CELERY_UNACKED_RESTORE_THROTTLE": "1",
-    # The testproject probes a PostgreSQL at import; the workload never uses one.
+    # The workload needs no second database, whatever the calling test session has.
     "RELIER_TEST_POSTGRES_URL": "",
 }
 

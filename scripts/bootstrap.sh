@@ -2,8 +2,9 @@
 # Sets up everything `make test` and `make demo` need on a fresh machine:
 # an interpreter (>= $MIN_PY, from PATH or pyenv), a venv with the package and its
 # test extra, redis-server, Debian's chromium + chromium-driver for the browser tests, and
-# Debian's prometheus (prometheus + promtool) for the metrics tests (apt-get each when it is
-# missing; Playwright drives that chromium, so it never downloads a browser of its own).
+# Debian's prometheus (prometheus + promtool) for the metrics tests, and Debian's postgresql
+# (its server binaries) for the on_commit tests (apt-get each when it is missing; Playwright
+# drives that chromium, so it never downloads a browser of its own).
 # Idempotent.
 #
 #   VENV          venv directory                (default .venv)
@@ -102,9 +103,33 @@ ensure_prometheus() {
     || { say "prometheus or promtool still missing after apt-get"; exit 1; }
 }
 
+postgres_bindir() {  # the dir with initdb and postgres: Debian's newest, pg_config's, PATH's
+  local d
+  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5,5nr) \
+      "$(pg_config --bindir 2>/dev/null)" "$(dirname "$(command -v initdb 2>/dev/null || echo /none/initdb)")"; do
+    if [ -x "$d/initdb" ] && [ -x "$d/postgres" ]; then echo "$d"; return 0; fi
+  done
+  return 1
+}
+
+ensure_postgres() {
+  # The on_commit tests' second database: each test session runs initdb and postgres from
+  # here into a temp dir of its own, on a free port (testproject/postgres.py).
+  if postgres_bindir >/dev/null; then return 0; fi
+  say "PostgreSQL's server binaries (initdb, postgres) are missing; installing Debian's postgresql with apt-get"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
+  # Debian's package creates a cluster of its own and may start it on 5432; we never use it,
+  # and leave it as it is.
+  postgres_bindir >/dev/null || { say "initdb or postgres still missing after apt-get"; exit 1; }
+}
+
 ensure_venv
 ensure_packages
 ensure_redis
 ensure_chromium
 ensure_prometheus
-say "ready: $("$VENV/bin/python" -V 2>&1), Django $("$VENV/bin/python" -c 'import django; print(django.get_version())'), $(redis-server --version | cut -d' ' -f1-3), $(chromium --version 2>/dev/null), $(prometheus --version 2>&1 | head -n1 | cut -d' ' -f1-3)"
+ensure_postgres
+say "ready: $("$VENV/bin/python" -V 2>&1), Django $("$VENV/bin/python" -c 'import django; print(django.get_version())'), $(redis-server --version | cut -d' ' -f1-3), $(chromium --version 2>/dev/null), $(prometheus --version 2>&1 | head -n1 | cut -d' ' -f1-3), $("$(postgres_bindir)/postgres" --version)"

@@ -66,42 +66,12 @@ DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{RUN_DIR / 'db.sqlite3'}"),
 }
 
-
-def _reachable_postgres(url: str) -> tuple[dict | None, str]:
-    """The alias for ``url`` if a PostgreSQL server answers there within a second, and
-    otherwise None with the reason. Probed on its ``postgres`` database: the one named
-    in ``url`` need not exist (pytest-django creates ``test_<NAME>`` beside it and
-    drops it after)."""
-    if not url:
-        return None, "RELIER_TEST_POSTGRES_URL is empty, which turns PostgreSQL off"
-    try:
-        import psycopg
-    except ImportError:
-        return None, "psycopg is not installed (pip install -e '.[test]')"
-    alias = environ.Env.db_url_config(url)
-    try:
-        psycopg.connect(
-            host=alias["HOST"] or None,
-            port=alias["PORT"] or None,
-            user=alias["USER"] or None,
-            password=alias["PASSWORD"] or None,
-            dbname="postgres",
-            connect_timeout=1,
-        ).close()
-    except psycopg.Error as exc:
-        where = f"{alias['HOST'] or 'localhost'}:{alias['PORT'] or 5432}"
-        return None, f"no PostgreSQL answered at {where} ({type(exc).__name__})"
-    return alias, ""
-
-
-# A second database, "pg": the on_commit tests run on it as well as on SQLite. Only
-# when a server answers; RELIER_TEST_POSTGRES_URL="" turns it off. Why it is absent,
-# when it is, is the on_commit tests' skip reason.
-_pg, RELIER_TEST_POSTGRES_ABSENT = _reachable_postgres(
-    env.str("RELIER_TEST_POSTGRES_URL", default="postgres://postgres@127.0.0.1:5432/relier_test")
-)
-if _pg is not None:
-    DATABASES["pg"] = _pg
+# A second database, "pg": the on_commit tests run on it as well as on SQLite. The
+# testproject never looks for a server: tests/conftest.py starts a private PostgreSQL
+# and sets RELIER_TEST_POSTGRES_URL to it, which the workers it starts inherit. Empty
+# (the default) means no "pg" alias.
+if env.str("RELIER_TEST_POSTGRES_URL", default=""):
+    DATABASES["pg"] = env.db("RELIER_TEST_POSTGRES_URL")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

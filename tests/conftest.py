@@ -1,8 +1,9 @@
-"""Fixtures: a private redis-server per session, per-test flushing, real Celery workers.
+"""Fixtures: a private redis-server and PostgreSQL per session, per-test flushing, real
+Celery workers.
 
 No fixture here ever connects to a server the suite did not start: the session's
-Redis gets a free port and a temp dir, and workers run in their own process groups
-so that every signal reaches only processes the test started.
+Redis and PostgreSQL get free ports and temp dirs, and workers run in their own process
+groups so that every signal reaches only processes the test started.
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ import redis
 
 from testproject.harness import CeleryWorker, RedisServer, reset_celery_connections
 from testproject.lostreply import LostReplyProxy
+from testproject.postgres import PostgresServer
 
 TESTS_DIR = Path(__file__).resolve().parent
+POSTGRES_URL_ENV = "RELIER_TEST_POSTGRES_URL"
+_POSTGRES = pytest.StashKey[PostgresServer]()
+_POSTGRES_URL_BEFORE = pytest.StashKey[str | None]()
 
 _TIER_BY_DIR = {
     "unit": "unit",
@@ -25,6 +30,58 @@ _TIER_BY_DIR = {
     "chaos": "chaos",
     "browser": "browser",
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the session's private PostgreSQL and make it the "pg" database, before any
+    test module is imported (test_on_commit.py reads the databases at import).
+
+    ``RELIER_TEST_POSTGRES_URL=""`` turns it off; any other value it had is replaced, as
+    the session's Redis replaces ``RELIER_REDIS_URL``: the suite never uses a PostgreSQL
+    it did not start. A missing server binary fails the run, it never skips.
+    """
+    if config.getoption("help") or os.environ.get(POSTGRES_URL_ENV) == "":
+        return
+    server = PostgresServer().start()
+    config.stash[_POSTGRES] = server
+    config.stash[_POSTGRES_URL_BEFORE] = os.environ.get(POSTGRES_URL_ENV)
+    _point_databases_at(server.url)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    server = config.stash.get(_POSTGRES, None)
+    if server is None:
+        return
+    server.stop()
+    before = config.stash[_POSTGRES_URL_BEFORE]
+    if before is None:
+        os.environ.pop(POSTGRES_URL_ENV, None)
+    else:
+        os.environ[POSTGRES_URL_ENV] = before
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    server = config.stash.get(_POSTGRES, None)
+    if server is None:
+        return f"PostgreSQL: off ({POSTGRES_URL_ENV} is empty); on_commit tests on SQLite only"
+    return f"PostgreSQL: private server on 127.0.0.1:{server.port}, pid {server.pid}"
+
+
+def _point_databases_at(url: str) -> None:
+    """Make the "pg" database of this process, and of the workers it starts, ``url``.
+
+    pytest-django imports the settings before any conftest runs, so the alias is added
+    to them here, as ``_point_process_at`` does for Redis; workers read the environment.
+    """
+    import environ
+    from django.conf import settings
+    from django.db import connections
+
+    os.environ[POSTGRES_URL_ENV] = url
+    settings.DATABASES["pg"] = environ.Env.db_url_config(url)
+    # django.setup() already made the handler read DATABASES: let it fill in Django's
+    # defaults (ATOMIC_REQUESTS, TEST, ...) for the new alias, as it did for the others.
+    connections.settings = connections.configure_settings(settings.DATABASES)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -77,6 +134,18 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(pytestconfig: pytest.Config) -> Iterator[PostgresServer]:
+    """The session's private PostgreSQL (the "pg" database's), stopped by PID; with
+    ``RELIER_TEST_POSTGRES_URL=""``, one of this fixture's own for the session."""
+    server = pytestconfig.stash.get(_POSTGRES, None)
+    if server is not None:
+        yield server
+        return
+    with PostgresServer() as server:
+        yield server
 
 
 WorkerFactory = Callable[..., CeleryWorker]

@@ -2,8 +2,8 @@
 transaction commits, and leaves nothing anywhere when it rolls back.
 
 Real commits (``django_db(transaction=True)``), on SQLite and on PostgreSQL (alias
-``pg``, when a server answers: see testproject/settings.py), a real Redis and real
-Celery workers. The broker is the same private Redis, so "no key in Redis" also means
+``pg``: the session's private server, which tests/conftest.py starts), a real Redis and
+real Celery workers. The broker is the same private Redis, so "no key in Redis" also means
 "no message sent".
 """
 
@@ -35,11 +35,7 @@ from testproject.harness import CeleryWorker, free_port, process_pointed_at, red
 KEYS = KeySpace("rl")
 
 HAVE_PG = "pg" in settings.DATABASES
-PG_SKIP = (
-    f"{settings.RELIER_TEST_POSTGRES_ABSENT}: on_commit tests ran on "
-    "SQLite only (set RELIER_TEST_POSTGRES_URL to a server pytest-django may create a "
-    "database on)"
-)
+PG_SKIP = "RELIER_TEST_POSTGRES_URL is empty, which turns PostgreSQL off: SQLite only"
 DATABASES = ["default", "pg"] if HAVE_PG else ["default"]
 ALIASES = pytest.mark.parametrize(
     "alias", ["default", pytest.param("pg", marks=pytest.mark.skipif(not HAVE_PG, reason=PG_SKIP))]
