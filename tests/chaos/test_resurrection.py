@@ -468,6 +468,7 @@ def test_a_deep_recovery_queue_defers_resurrection_and_leaves_tasks_covered(redi
     env = producer.prepare(tasks.record.relier_spec, ("deep",), {})
     idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client)
     fencing.start(KEYS, env, "dead:1", 1).run(client)
+    time.sleep(0.01)  # its 1 ms heartbeat TTL has run out before the pass looks
     app.send_task("demo.noop", args=["not consumed"], queue=cfg.recovery_queue)  # depth 1
 
     report = Resurrector(app, cfg, "braked").run_pass()

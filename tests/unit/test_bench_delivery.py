@@ -122,7 +122,6 @@ def test_nothing_is_plotted_without_relier_recoveries(tmp_path):
 
 
 def test_the_phases_are_plotted_one_panel_each_from_the_undisrupted_relier_rounds(tmp_path):
-    pytest.importorskip("matplotlib")
     samples = {f"{k}_latencies_s": [0.5, 1.0, 1.5] for k in ("redispatch", "restart", "recovery")}
     results = {"relier/60x2": samples, "relier+disrupt/60x2": {}, "acks_late/60x2": {}}
     assert plot_phases(results, tmp_path / "img" / "p.png").startswith("phases plotted")
