@@ -72,7 +72,8 @@ try:
     from django.tasks.exceptions import InvalidTask, TaskResultMismatch
     from django.tasks.signals import task_enqueued
 except ImportError:  # Django 5.2: the django-tasks backport
-    from django_tasks import Task, TaskResultStatus, default_task_backend, task, task_backends
+    from django_tasks import TaskResultStatus, default_task_backend, task, task_backends
+    from django_tasks.base import Task
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultMismatch
     from django_tasks.signals import task_enqueued
