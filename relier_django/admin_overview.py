@@ -255,6 +255,7 @@ def overview(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     extra = {
         **_figures(found, functools.partial(page_url, model_admin, "task")),
         "periodic": _periodic_rows(model_admin, periodic),
+        "outbox": sorted(metrics.outbox_backlog().items()),
         "not_fired": periodic.not_fired,
     }
     return TemplateResponse(request, TEMPLATE, page_context(request, model_admin, **extra))

@@ -15,6 +15,16 @@ class RelierConfig(AppConfig):
         from . import transactions
 
         transactions.install()  # push() inside atomic() waits for the commit
+        from . import outbox
+
+        outbox.install()  # ... and writes into the outbox when RELIER["OUTBOX"] is on
+        from .core.recovery import scanner
+
+        # The scanner leader (in workers and relier_resurrector) relays the outbox.
+        scanner.add_leader_duty("outbox relay", outbox.Relay)
+        from . import inbox
+
+        inbox.install()  # @rl_task(atomic=...) bodies run with the fenced inbox
         from . import signals
 
         signals.install()  # the core's events as Django signals (task_dead_lettered, ...)

@@ -65,6 +65,15 @@ class DjangoSettings:
     # The bearer token the metrics endpoint (relier_django.urls) asks of a scraper;
     # unset: only staff sessions may read it. Never echoed (repr=False).
     metrics_token: str | None = dataclasses.field(default=None, repr=False)
+    # The transactional outbox: a push inside atomic() also writes its envelope into
+    # the relier_outbox table of that transaction's database (docs/transactions.md).
+    outbox: bool = False
+    # How old an outbox row must be before the relay sends it: longer than a
+    # commit's own send takes, so the two rarely race (they are safe when they do).
+    outbox_grace_s: float = 10.0
+    # How long the fenced inbox keeps a committed unit's row (a zombie paused longer
+    # than this could write again): docs/transactions.md.
+    inbox_keep_s: float = 7 * 24 * 3600.0
 
 
 DJANGO_KEYS: tuple[str, ...] = tuple(f.name.upper() for f in dataclasses.fields(DjangoSettings))

@@ -12,6 +12,7 @@ public contract: docs/observability.md lists each with its meaning.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,8 @@ from .core.observe.task import TaskView, read_task
 from .core.store.connection import sync_client
 from .core.store.keys import KeySpace
 from .core.store.receipt import TaskStatus, read_status
+
+logger = logging.getLogger("relier_django.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -58,6 +61,26 @@ def read(task_limit: int = live.TASK_LIST_LIMIT) -> Figures:
         broker_depth=lambda: queue_depth(app, cfg.recovery_queue),
         task_limit=task_limit,
     )
+
+
+def outbox_backlog() -> dict[str, int | None]:
+    """Outbox rows waiting for the relay, per database that has the outbox table
+    (``None`` for one that cannot be read just now: never an error of the page)."""
+    from . import outbox  # the models: only once the app registry is ready
+
+    backlog: dict[str, int | None] = {}
+    try:
+        aliases = outbox.databases()
+    except Exception:
+        logger.warning("metrics: the databases cannot be listed", exc_info=True)
+        return backlog
+    for alias in aliases:
+        try:
+            backlog[alias] = outbox.backlog_of(alias)
+        except Exception:
+            logger.warning("metrics: the outbox of %r cannot be read", alias, exc_info=True)
+            backlog[alias] = None
+    return backlog
 
 
 def task(task_id: str) -> TaskView | None:
@@ -90,8 +113,9 @@ class _Figures(Collector):
     """A collector over one reading: a fresh registry per scrape, so nothing is kept
     between scrapes in the web process."""
 
-    def __init__(self, found: Figures) -> None:
+    def __init__(self, found: Figures, outbox: dict[str, int | None]) -> None:
         self.found = found
+        self.outbox = outbox
 
     def collect(self) -> Iterator[Any]:
         f = self.found
@@ -186,6 +210,15 @@ class _Figures(Collector):
             burn.add_metric([window.name], window.burn)
         yield ratio
         yield burn
+        backlog = GaugeMetricFamily(
+            "relier_outbox_backlog",
+            "Committed pushes in the transactional outbox, not sent yet, by database.",
+            labels=["database"],
+        )
+        for alias, rows in self.outbox.items():
+            if rows is not None:
+                backlog.add_metric([alias], rows)
+        yield backlog
         yield GaugeMetricFamily(
             "relier_in_flight_scan_truncated",
             f"1 when more than {live.SCAN_LIMIT} tasks are in flight (the counts cover those).",
@@ -193,8 +226,8 @@ class _Figures(Collector):
         )
 
 
-def exposition(found: Figures) -> bytes:
-    """The Prometheus text format of one reading."""
+def exposition(found: Figures, outbox: dict[str, int | None] | None = None) -> bytes:
+    """The Prometheus text format of one reading (and of ``outbox_backlog()``'s)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Figures(found))
+    registry.register(_Figures(found, outbox or {}))
     return bytes(generate_latest(registry))

@@ -34,3 +34,53 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return "dead-letter queue"
+
+
+class OutboxEntry(models.Model):
+    """A push written in its producer's database transaction (``RELIER["OUTBOX"]``).
+
+    Inserted with the producer's rows, deleted once the task is stored in Redis and
+    queued; a row that outlives ``OUTBOX_GRACE_S`` is sent by the relay (the scanner
+    leader). One table per database: each alias a push waits for has its own.
+    """
+
+    # The task id is fixed at push: the relay and the on_commit send push the same
+    # envelope under it, so whichever comes second is answered "already stored".
+    task_id = models.CharField(max_length=64, primary_key=True)
+    task = models.CharField(max_length=255)
+    envelope = models.TextField()
+    # Epoch ms (producer's clock): the push, and its absolute due and expiry times.
+    created_ms = models.BigIntegerField(db_index=True)
+    due_ms = models.BigIntegerField(null=True)
+    expires_ms = models.BigIntegerField(null=True)
+
+    class Meta:
+        db_table = "relier_outbox"
+        default_permissions = ()
+        verbose_name = "outbox entry"
+        verbose_name_plural = "outbox"
+
+    def __str__(self) -> str:
+        return f"{self.task}[{self.task_id}]"
+
+
+class InboxEntry(models.Model):
+    """The record that a task's database work committed (``@rl_task(atomic=True)``,
+    ``relier_django.inbox.once``): written in the same transaction as that work, so
+    the work is committed exactly when this row is. Its primary key makes the database
+    itself refuse a second commit of the same work, whichever incarnation tries."""
+
+    # "<task id>:<part>" ("<task id>:" for a whole atomic task): one per unit of work.
+    key = models.CharField(max_length=200, primary_key=True)
+    fence = models.BigIntegerField()
+    result = models.TextField()  # the unit's result, JSON
+    committed_ms = models.BigIntegerField(db_index=True)
+
+    class Meta:
+        db_table = "relier_inbox"
+        default_permissions = ()
+        verbose_name = "inbox entry"
+        verbose_name_plural = "inbox"
+
+    def __str__(self) -> str:
+        return f"{self.key} (fence {self.fence})"

@@ -43,7 +43,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             content_type="text/plain; charset=utf-8",
         )
     try:
-        body = metrics.exposition(metrics.read())
+        body = metrics.exposition(metrics.read(), metrics.outbox_backlog())
     except RedisError as exc:
         logger.error("metrics: relier's Redis cannot be read: %s", exc, exc_info=True)
         return HttpResponse(

@@ -18,6 +18,7 @@ import redis
 from testproject.harness import CeleryWorker, RedisServer, reset_celery_connections
 from testproject.lostreply import LostReplyProxy
 from testproject.postgres import PostgresServer
+from testproject.shared_db import SharedDatabase
 
 TESTS_DIR = Path(__file__).resolve().parent
 POSTGRES_URL_ENV = "RELIER_TEST_POSTGRES_URL"
@@ -146,6 +147,20 @@ def postgres_server(pytestconfig: pytest.Config) -> Iterator[PostgresServer]:
         return
     with PostgresServer() as server:
         yield server
+
+
+@pytest.fixture(params=["sqlite", "pg"])
+def shared_db(
+    request: pytest.FixtureRequest, tmp_path: Path, postgres_server: PostgresServer
+) -> Iterator[SharedDatabase]:
+    """A migrated database shared by the test and the workers and producers it starts
+    (pass ``shared_db.env()`` as their ``extra_env``): on SQLite, then on PostgreSQL
+    (testproject/shared_db.py). Dropped after the test."""
+    db = SharedDatabase.create(request.param, tmp_path, postgres_server)
+    try:
+        yield db
+    finally:
+        db.drop()
 
 
 WorkerFactory = Callable[..., CeleryWorker]

@@ -224,6 +224,7 @@ def rl_task(
     bind: bool = False,
     rate_limit: str | None = None,
     keep_trail: bool = False,
+    atomic: bool | str = False,
     **celery_options: Any,
 ) -> Any:
     """Declare a task that cannot be lost. Works on ``async def`` and plain ``def``.
@@ -277,6 +278,14 @@ def rl_task(
             its result, for ``result_ttl``, instead of deleting them (what
             ``django.tasks``' ``TaskResult`` shows of a finished task: its arguments,
             attempts and times). Costs the envelope's size per task for that long.
+        atomic: ``True`` (Django's default database) or a database alias: the body runs
+            inside ``transaction.atomic()`` on it, together with a row of the fenced
+            inbox recording the task's result. Its database writes then commit exactly
+            once: a later incarnation that finds the row does not run the body and
+            commits the recorded result; a zombie's transaction that would commit
+            after another incarnation's is rolled back by the database itself. A plain
+            ``def`` task only (Django's transactions are synchronous); the result must
+            be JSON. See docs/transactions.md.
         celery_options: Celery's names for the options above (``autoretry_for``,
             ``soft_time_limit``, ``time_limit``, ``retry_backoff=True``), and Celery
             options with nothing to do here (``acks_late``, ``ignore_result``, ...);
@@ -287,8 +296,9 @@ def rl_task(
             a non-positive timeout, ``on_soft_timeout`` without ``soft_timeout``, a
             ``rate_limit`` that is not a rate, a ``version`` below 1, or
             ``migrations`` keys outside ``1..version-1`` or with a hole.
-        TypeError: a ``version`` that is not an int, or a migration that is not
-            callable.
+        TypeError: a ``version`` that is not an int, a migration that is not
+            callable, an ``atomic`` that is neither a bool nor an alias, or
+            ``atomic`` on an ``async def`` task.
     """
     ours: dict[str, Any] = {"soft_timeout": soft_timeout, "hard_timeout": hard_timeout,
                             "retry_on": retry_on, "retry_backoff": retry_backoff}  # fmt: skip
@@ -309,6 +319,9 @@ def rl_task(
     _check_timeouts(soft_timeout, hard_timeout, on_soft_timeout)
     own_rate = Rate.parse(rate) if rate is not None else None
     schema = Schema(version, migrations or {})
+    if atomic is not False and atomic is not True and not (isinstance(atomic, str) and atomic):
+        raise TypeError(f"atomic= takes True or a database alias (a str), got {atomic!r}")
+    alias = "default" if atomic is True else (atomic or None)
 
     def decorate(func: Callable[..., Any]) -> RelierTask:
         if not callable(func):
@@ -321,6 +334,12 @@ def rl_task(
                 "task, Celery's soft time limit raises SoftTimeLimitExceeded inside it at "
                 "soft_timeout: catch it there to save a checkpoint"
             )
+        if alias is not None and is_async:
+            raise TypeError(
+                f"{task_name}: atomic= needs a plain `def` task: Django's transactions are "
+                "synchronous. Write the database part as a def function and call it with "
+                "asgiref's sync_to_async inside relier_django.inbox.once(ctx)"
+            )
         spec = TaskSpec(
             name=task_name, fn=func, queue=queue, idempotent=idempotent,
             idempotency_key=idempotency_key, result_ttl_s=result_ttl,
@@ -328,7 +347,7 @@ def rl_task(
             retry_backoff_s=retry_backoff, retry_backoff_max_s=retry_backoff_max,
             soft_timeout_s=soft_timeout, hard_timeout_s=hard_timeout,
             on_soft_timeout=on_soft_timeout, admission_limit=own_rate, schema=schema,
-            bind=bind, keep_trail=keep_trail,
+            bind=bind, keep_trail=keep_trail, atomic=alias,
         )  # fmt: skip
         signals.connect()
         body = _make_body(func)

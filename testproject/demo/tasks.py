@@ -597,3 +597,28 @@ def chaos_scheduled(ctx: TaskContext, label: str, journal: str, work_s: float = 
     time.sleep(work_s)
     _journal(journal, "end", ctx, label)
     return {"label": label, "fence": ctx.fence_token}
+
+
+# --- the fenced inbox (docs/transactions.md) ------------------------------------------
+
+
+@rl_task(name="demo.book", atomic=True)
+def book(ctx: TaskContext, label: str, hold_s: float = 0.0, die_after_commit: bool = False) -> dict:
+    """Writes one ``Booking`` row in the inbox's transaction on the default database.
+
+    ``hold_s``: sleep first, before any write (a window to SIGSTOP the incarnation in:
+    SQLite takes its write lock at the first write). ``die_after_commit``: the first
+    incarnation SIGKILLs its own process right after the database commit, before
+    ``commit.lua`` (Django runs on_commit callbacks right after the outermost commit).
+    """
+    from django.db import transaction
+
+    from testproject.demo.models import Booking
+
+    _record(label, ctx)  # every run of the body, committed or not
+    if hold_s:
+        time.sleep(hold_s)
+    Booking.objects.create(label=label, fence=ctx.fence_token)
+    if die_after_commit and ctx.fence_token == 1:
+        transaction.on_commit(lambda: os.kill(os.getpid(), 9))
+    return {"label": label, "fence": ctx.fence_token}

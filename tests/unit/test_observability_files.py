@@ -59,6 +59,7 @@ GAUGES = frozenset(
         "relier_slo_objective",
         "relier_tasks_overdue",
         "relier_in_flight_scan_truncated",
+        "relier_outbox_backlog",
     }
 )
 # A histogram is exposed as its three series only: a bare histogram name selects nothing.

@@ -37,6 +37,9 @@ class TaskSpec:
     # After the commit, keep the task hash and history with the result (keys.trail):
     # django.tasks' TaskResult shows arguments, attempts and times of a finished task.
     keep_trail: bool = False
+    # @rl_task(atomic=...): the database alias whose transaction the body runs in, with
+    # the fenced inbox's row (relier_django.inbox); None: no transaction.
+    atomic: str | None = None
 
     # Worked out once at decoration: inspect.signature costs tens of microseconds, and
     # every push and every run needs it.

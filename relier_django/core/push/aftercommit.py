@@ -13,16 +13,18 @@ In an outage the committing thread waits up to :data:`SEND_BUDGET_S` (plus the l
 attempt's own timeouts); in normal operation it costs what an immediate push costs.
 
 What no retry can cover: the process dying between the database commit and the end of
-this send (about a millisecond, or the budget in an outage). Closing that window takes
-a transactional outbox: the envelope written in the same database transaction and
-relayed afterwards (docs/transactions.md).
+this send (about a millisecond, or the budget in an outage). The transactional outbox
+closes that window (``RELIER["OUTBOX"]``): the envelope was written into the producer's
+own transaction, so the commit keeps it, and the scanner leader's relay sends any row
+this send did not. With the outbox, this send tries once and never blocks the
+committing thread on retries: a failure leaves the push to the relay (docs/transactions.md).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..model.config import Config
@@ -61,6 +63,7 @@ def deliver(
     p: Deferred,
     app: Any,
     receipt: Receipt,
+    outbox: Sequence[Callable[[], None]] = (),
     *,
     budget_s: float = SEND_BUDGET_S,
     clock: Callable[[], float] = time.monotonic,
@@ -75,7 +78,15 @@ def deliver(
     callbacks): giving up settles the receipt ``failed`` and logs the envelope at
     ERROR. A ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``), even during a
     pause, is logged the same way, then re-raised.
+
+    ``outbox``: the delete of the push's committed outbox row (empty: no outbox). With
+    one, a single attempt is made; the row is deleted once the push is stored, and a
+    failure settles the receipt ``outbox``: the relay sends the row (a WARNING, not an
+    ERROR, since nothing needs a human).
     """
+    if outbox:
+        _deliver_once(p, app, receipt, outbox)
+        return
     delivery = _Delivery(p, app, receipt, clock, sleep)
     try:
         delivery.run(clock() + budget_s)
@@ -83,6 +94,37 @@ def deliver(
         if receipt.pending:
             _give_up(p, receipt, exc, delivery.attempt)
         raise
+
+
+def _deliver_once(
+    p: Deferred, app: Any, receipt: Receipt, outbox: Sequence[Callable[[], None]]
+) -> None:
+    try:
+        sent = p.send_now(app, sync_client(p.cfg, fail_fast=True))
+    except DuplicateTaskId as exc:  # final: the relay could do no better
+        _give_up(p, receipt, exc, 1)
+    except BaseException as exc:
+        receipt.settle(Dispatch(DispatchState.OUTBOX, error=f"{type(exc).__name__}: {exc}"))
+        logger.warning(
+            "push after commit not sent yet, the outbox relay will send it task=%s "
+            "task_id=%s reason=%s: %s",
+            p.env.task, p.env.id, type(exc).__name__, exc,
+        )  # fmt: skip
+        if not isinstance(exc, Exception):
+            raise
+        return
+    else:
+        _settle(p, receipt, sent, 1)
+    for delete in outbox:
+        try:
+            delete()
+        except Exception:
+            # Harmless: the relay finds the row, and push.lua answers "already stored".
+            logger.warning(
+                "could not delete the outbox row of task_id=%s; the relay will",
+                p.env.id,
+                exc_info=True,
+            )
 
 
 class _Delivery:

@@ -45,8 +45,15 @@ TransactionHook = Callable[[str | None, Callable[[], None]], bool]
 it commits (never, if it rolls back) and return True; otherwise return False and
 leave ``callback`` alone. Raises for an unknown alias."""
 
+OutboxHook = Callable[[str | None, Envelope, str, Timing], Callable[[], None] | None]
+"""``hook(using, env, encoded, when)``: write the push into the outbox of the
+transaction open on ``using``, and return how to delete that row once the push is
+stored and queued; ``None`` when the outbox is off (the push is sent as before).
+Raises when the row cannot be written (the transaction then rolls back)."""
+
 _hook_lock = threading.Lock()
 _transaction_hook: TransactionHook | None = None
+_outbox_hook: OutboxHook | None = None
 
 
 def set_transaction_hook(hook: TransactionHook | None) -> None:
@@ -55,6 +62,15 @@ def set_transaction_hook(hook: TransactionHook | None) -> None:
     global _transaction_hook
     with _hook_lock:
         _transaction_hook = hook
+
+
+def set_outbox_hook(hook: OutboxHook | None) -> None:
+    """Install the transactional outbox (the Django layer does, in ``AppConfig.ready()``);
+    ``None`` uninstalls it: a deferred push then exists only in memory until its
+    commit's callback sends it."""
+    global _outbox_hook
+    with _hook_lock:
+        _outbox_hook = hook
 
 
 def prepare(
@@ -214,8 +230,15 @@ class _Push:
                 )
             return None
         receipt = Receipt.deferred(self.env.id, self.cfg, self.env.created_ms)
-        if not hook(using, functools.partial(aftercommit.deliver, self, app, receipt)):
+        held: list[Callable[[], None]] = []  # the outbox row's delete, once written
+        if not hook(using, functools.partial(aftercommit.deliver, self, app, receipt, held)):
             return None
+        # Written after the callback is registered, in the same transaction: the
+        # callback runs only at its commit, when the row is committed with it.
+        if _outbox_hook is not None and (
+            delete := _outbox_hook(using, self.env, self.encoded, self.when)
+        ):
+            held.append(delete)
         logger.debug(
             "push deferred to commit task=%s task_id=%s using=%s", self.env.task, self.env.id, using
         )

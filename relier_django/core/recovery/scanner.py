@@ -6,7 +6,8 @@ Every worker's main process runs one (``EMBEDDED_RESURRECTOR``), and so does
 leader runs a resurrector pass every ``SCAN_INTERVAL_S``, and at once when a check
 (every ``deaths.CHECK_S``) finds a holder dead or a deadline just passed (a hand-off, a
 heartbeat TTL); between passes it sleeps until the earliest scheduled task is due
-(``schedule.dispatch``).
+(``schedule.dispatch``). After each of its passes it runs the leader duties a layer
+above registered (``add_leader_duty``: the Django layer's outbox relay).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..model.config import Config
@@ -35,6 +37,19 @@ _LOCAL_WAIT_S = 0.15
 _DEATH_MEMORY_S = 60.0
 
 
+LeaderDuty = Callable[[Any], Callable[[], object]]
+"""``duty(app)`` makes the step the leader runs after every pass (errors are logged)."""
+
+_duties: list[tuple[str, LeaderDuty]] = []
+
+
+def add_leader_duty(name: str, duty: LeaderDuty) -> None:
+    """Have every scanner made from now on run ``duty(app)()`` after each pass it leads.
+    The same name twice keeps one (``AppConfig.ready()`` may run more than once)."""
+    _duties[:] = [(n, d) for n, d in _duties if n != name]
+    _duties.append((name, duty))
+
+
 class Scanner:
     """Runs resurrector passes and dispatches due scheduled tasks while it holds the
     leader lease."""
@@ -52,6 +67,7 @@ class Scanner:
         # worker -> (its last sign of life, Redis ms; when this scanner found it).
         self._dead: dict[str, tuple[int, float]] = {}
         self._due_seen_ms: int | None = None  # Redis ms of the leader's last due check
+        self.duties = [(name, make(app)) for name, make in _duties]
 
     def is_leader(self) -> bool:
         """Acquire or extend the lease; True while this scanner holds it."""
@@ -74,7 +90,10 @@ class Scanner:
         self._guarded(self.dispatcher.run_due, "scheduled dispatch")
         if not self.is_leader():
             return None
-        return self.resurrector.run_pass()
+        report = self.resurrector.run_pass()
+        for name, duty in self.duties:
+            self._guarded(duty, name)
+        return report
 
     def run(self, interval_s: float | None = None, once: bool = False) -> None:
         """Scan until :meth:`stop` (or once). Errors are logged; the loop goes on.

@@ -45,6 +45,9 @@ class DispatchState(StrEnum):
     DISPATCHED = "dispatched"  # stored in Redis and accepted by the broker (G1 from here)
     DEDUPLICATED = "deduplicated"  # an idempotent duplicate: nothing sent; see duplicate_of
     FAILED = "failed"  # the post-commit send gave up; logged at ERROR with its envelope
+    # The post-commit send failed, but the push is in the committed outbox: the relay
+    # sends it (G1 holds, later); get() waits for its result as for DISPATCHED.
+    OUTBOX = "outbox"
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +167,7 @@ class Receipt:
     @property
     def state(self) -> DispatchState:
         """``pending`` until the transaction commits (forever, if it rolls back),
-        then ``dispatched``, ``deduplicated`` or ``failed``."""
+        then ``dispatched``, ``deduplicated``, ``failed`` or ``outbox``."""
         return self._dispatch.state
 
     @property
@@ -187,6 +190,12 @@ class Receipt:
     def failed(self) -> bool:
         """True when the post-commit send gave up (see :attr:`error`)."""
         return self._dispatch.state is DispatchState.FAILED
+
+    @property
+    def in_outbox(self) -> bool:
+        """True when the post-commit send failed and the committed outbox row holds the
+        push: the relay sends it (``get()`` waits for its result)."""
+        return self._dispatch.state is DispatchState.OUTBOX
 
     @property
     def duplicate_of(self) -> str | None:

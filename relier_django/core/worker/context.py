@@ -56,6 +56,15 @@ class TaskContext:
         ctx._inline = True
         return ctx
 
+    @property
+    def idempotency_key(self) -> str:
+        """A key that stays the same for every incarnation of this task (retries,
+        resurrections, a zombie): pass it to an external API's idempotency header
+        (a payment provider's ``Idempotency-Key``), so that a call repeated by a later
+        incarnation is recognised there. Derive one per call for several calls:
+        ``f"{ctx.idempotency_key}:refund"``."""
+        return f"relier-{self.task_id}"
+
     def get_partial(self, default: Any = None) -> Any:
         """The latest checkpoint of this task, or ``default`` if it has none.
 

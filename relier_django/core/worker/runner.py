@@ -42,7 +42,7 @@ from ..store import bridge, checkpoint, liveness
 from ..store.connection import async_client, sync_client
 from ..store.keys import KeySpace
 from ..store.scripts import ScriptCall
-from . import fencing, heartbeat, timeouts
+from . import fencing, heartbeat, timeouts, units
 from .context import TaskContext
 from .ending import Ended, Ending
 from .fencing import StartResult
@@ -163,7 +163,7 @@ class Runner:
                 ctx._partial = checkpoint.load(started.checkpoint)
             args = (ctx, *call.args) if spec.wants_context else call.args
             with tracing.run_span(env):
-                result = spec.fn(*args, **call.kwargs)
+                result = units.body(spec.atomic, ctx, spec.fn)(*args, **call.kwargs)
         except (Exception, TaskLost) as exc:
             error = exc
         finally:
@@ -350,7 +350,8 @@ class Runner:
         with tracing.run_span(env):  # copied into to_thread's context too
             if spec.is_async:
                 return await spec.fn(*args, **call.kwargs)
-            return await asyncio.to_thread(spec.fn, *args, **call.kwargs)
+            fn = units.body(spec.atomic, ctx, spec.fn)
+            return await asyncio.to_thread(fn, *args, **call.kwargs)
 
     async def _arguments(self, spec: TaskSpec, env: Envelope) -> Call:
         if env.schema_version == spec.schema.version:
