@@ -31,9 +31,10 @@ unit: setup
 integration: setup
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
-# The chaos tier (each runner scenario small, among the rest), then every scenario full-size.
+# The chaos tier (each runner scenario small, among the rest; the fenced inbox's kills
+# and zombies over 500 tasks), then every scenario full-size.
 chaos: setup
-	$(PY) -m pytest -m chaos $(PYTEST_ARGS)
+	RELIER_CHAOS_INBOX_TASKS=500 $(PY) -m pytest -m chaos $(PYTEST_ARGS)
 	$(PY) -m chaos run all $(CHAOS_ARGS)
 
 browser: setup
