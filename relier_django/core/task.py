@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
-from .model import config
+from .model import arguments, config, workflow
 from .model import options as options_mod
 from .model.errors import TaskFailed
 from .model.idem_key import KeyOption
@@ -130,9 +131,11 @@ class RelierTask(Task):
         when = timing(
             chosen.pop("countdown", None), chosen.pop("eta", None), chosen.pop("expires", None)
         )
+        steps = _steps(self.app, chosen.pop("chain", None) or ())
         return producer.push(
-            self.relier_spec, self.app, tuple(args or ()), dict(kwargs or {}), when=when, **chosen
-        )
+            self.relier_spec, self.app, tuple(args or ()), dict(kwargs or {}), when=when,
+            chain=steps, **chosen,
+        )  # fmt: skip
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # In a worker, Celery's tracer calls the task with the message's arguments (one
@@ -143,6 +146,45 @@ class RelierTask(Task):
         if request.is_eager:
             return self.run(*args, **kwargs)
         return _entry(self, *args, **kwargs)
+
+
+def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
+    """The steps of a chain after its first task, from the signatures Celery's
+    ``chain.apply_async`` hands the first one (``chain=``, last step first).
+
+    Raises:
+        TypeError: a step that is not an ``@rl_task`` signature (a plain Celery task,
+            whose step relier could not fence, or a group or chord), or a step whose
+            own arguments do not fit its task (the previous result not counted).
+    """
+    steps = []
+    for sig in reversed(list(rest)):
+        name = getattr(sig, "task", None)
+        spec = getattr(app.tasks.get(name) if isinstance(name, str) else None, "relier_spec", None)
+        if not isinstance(spec, TaskSpec):
+            what = name if isinstance(name, str) else type(sig).__name__
+            raise TypeError(
+                f"chain step {what!r} is not an @rl_task: relier creates each step in the "
+                "same script that commits the one before, which it cannot do for a plain "
+                "Celery task, a group or a chord (docs/workflows.md)"
+            )
+        options = sig.options
+        sig_args, sig_kwargs = tuple(sig.args), dict(sig.kwargs)
+        # The previous step's result comes first: its type is only known then.
+        probe = sig_args if sig.immutable else (None, *sig_args)
+        arguments.check(spec, probe, sig_kwargs)
+        steps.append(
+            workflow.Step(
+                task=spec.name,
+                id=options.get("task_id") or uuid.uuid4().hex,
+                args=sig_args,
+                kwargs=sig_kwargs,
+                queue=options.get("queue") or spec.queue or "",
+                immutable=bool(sig.immutable),
+                version=spec.schema.version,
+            )
+        )
+    return steps
 
 
 def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:

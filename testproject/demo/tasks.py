@@ -622,3 +622,20 @@ def book(ctx: TaskContext, label: str, hold_s: float = 0.0, die_after_commit: bo
     if die_after_commit and ctx.fence_token == 1:
         transaction.on_commit(lambda: os.kill(os.getpid(), 9))
     return {"label": label, "fence": ctx.fence_token}
+
+
+# --- workflows (docs/workflows.md) ----------------------------------------------------
+
+
+@rl_task(name="demo.step_add")
+def step_add(ctx: TaskContext, x: int, y: int = 0, sleep_s: float = 0.0) -> int:
+    """A chain step: ``x + y``, each run recorded under ``demo:exec:step:<task id>``
+    and the ``x`` it got under ``demo:step-x:<task id>``. Raises while
+    ``demo:broken:<y>`` is set, so a test can break one step and fix it."""
+    _record(f"step:{ctx.task_id}", ctx)
+    _redis().rpush(f"demo:step-x:{ctx.task_id}", json.dumps(x))
+    if sleep_s:
+        time.sleep(sleep_s)
+    if _redis().exists(f"demo:broken:{y}"):
+        raise RuntimeError(f"the step adding {y} is broken")
+    return x + y

@@ -35,6 +35,7 @@ from relier_django.core.dlq import release
 from relier_django.core.dlq.store import DeadLetterStore
 from relier_django.core.extras import lock, ratelimit
 from relier_django.core.model import config, outcome
+from relier_django.core.model.envelope import Envelope
 from relier_django.core.model.failure import Failure, Reason
 from relier_django.core.model.rates import Rate
 from relier_django.core.model.timing import Timing
@@ -163,6 +164,17 @@ def commit_trail(cfg: config.Config, client: redis.Redis) -> Any:
     env = _started(cfg, client)
     record = outcome.succeeded({"ok": 1}, env.fence)
     return fencing.commit(_keys(cfg), env, record, 60_000, keep_trail=True).run(client)
+
+
+def commit_chain(cfg: config.Config, client: redis.Redis) -> Any:
+    # A chain step's commit also stores and queues the next step (docs/workflows.md).
+    env = _started(cfg, client)
+    record = outcome.succeeded(3, env.fence)
+    nxt = Envelope(
+        id="replay-next", task="demo.step_add", args=(3, 4), created_ms=1, workflow=env.id
+    )
+    successor = fencing.Successor(nxt, nxt.encode(), ("replay-queue", "the message"), 60_000, 3)
+    return fencing.commit(_keys(cfg), env, record, 60_000, successor=successor).run(client)
 
 
 def retry(cfg: config.Config, client: redis.Redis) -> Any:
@@ -372,7 +384,10 @@ CASES: dict[str, Case] = {
 
 
 # A script with another path worth replaying: run as a case of that script.
-VARIANTS: dict[str, tuple[str, Case]] = {"commit+trail": ("commit", Case(commit_trail))}
+VARIANTS: dict[str, tuple[str, Case]] = {
+    "commit+trail": ("commit", Case(commit_trail)),
+    "commit+chain": ("commit", Case(commit_chain)),
+}
 
 
 def _script_names() -> list[str]:

@@ -3,6 +3,7 @@ caught with a reason (G5); decode is tolerant in the documented ways."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
@@ -134,8 +135,21 @@ def test_next_incarnation_bumps_only_the_fence_and_what_is_asked():
 def test_the_tasks_schema_version_is_carried_apart_from_the_format_version():
     env = Envelope(id="t", task="x", schema_version=3)
     body = json.loads(env.encode())
-    assert (body["schema_version"], body["v"]) == (3, FORMAT_VERSION)
+    assert (body["schema_version"], body["v"]) == (3, 1)  # format 1: no chain
     assert decode(env.encode()).schema_version == 3
+
+
+def test_only_an_envelope_carrying_a_chain_is_written_in_format_2():
+    # An older release refuses format 2 instead of committing a step and dropping the
+    # rest of its chain; every other envelope stays format 1, byte for byte.
+    plain = Envelope(id="t", task="x")
+    assert json.loads(plain.encode())["v"] == 1
+    assert "chain" not in plain.encode() and "workflow" not in plain.encode()
+    step = {"task": "y", "id": "t2", "args": [], "kwargs": {}, "queue": "", "immutable": False}
+    chained = Envelope(id="t", task="x", workflow="t", chain=(step,))
+    body = json.loads(chained.encode())
+    assert (body["v"], body["workflow"], body["chain"]) == (FORMAT_VERSION, "t", [step])
+    assert decode(chained.encode()) == dataclasses.replace(chained, v=2)
 
 
 def test_an_envelope_without_a_schema_version_reads_as_version_1():
@@ -158,7 +172,10 @@ def test_fields_from_a_newer_release_are_kept_and_written_back():
 def test_a_newer_envelope_format_says_to_upgrade_relier_django_first():
     body = json.loads(ENV.encode())
     body["v"] = FORMAT_VERSION + 1
-    with pytest.raises(EnvelopeError, match=r"format v2 > v1.*Upgrade relier_django") as err:
+    with pytest.raises(
+        EnvelopeError,
+        match=rf"format v{FORMAT_VERSION + 1} > v{FORMAT_VERSION}.*Upgrade relier_django",
+    ) as err:
         decode(with_checksum(body))
     assert err.value.reason == "schema_migration"
 

@@ -29,6 +29,12 @@ mix releases:
 without a new format: an older reader keeps it in ``extra``. It is left out of the
 body when empty, so an untraced envelope and its checksum are byte for byte what they
 were before the field existed.
+
+``chain`` (the steps of a workflow still to come after this one) is not ignorable: a
+reader that ignored it would commit the step and silently drop the rest of the chain.
+An envelope that carries one is written as format 2, which a release that does not
+know workflows refuses (``schema_migration``, into the DLQ, from which it is released
+once every worker is upgraded); every other envelope stays format 1, byte for byte.
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ from typing import Any
 from .errors import EnvelopeError
 from .signing import SignatureInvalid, Signer
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest format this release reads
+_CHAIN_FORMAT = 2  # the format of an envelope that carries a chain
 # Wire keys that are not fields: the checksum and the signature over the rest.
 _CHECKSUM, _SIGNATURE = "sha256", "hmac"
 
@@ -81,8 +88,12 @@ class Envelope:
     resurrections: int = 0
     created_ms: int = 0
     schema_version: int = 1
-    v: int = FORMAT_VERSION
+    v: int = 1
     trace: Mapping[str, str] = field(default_factory=dict)
+    # A workflow step: the id of the workflow's first task (its identity in the DLQ and
+    # the admin), and the steps that follow this one (workflow.Step.wire() each).
+    workflow: str = ""
+    chain: tuple[Mapping[str, Any], ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def next_incarnation(self, **changes: Any) -> Envelope:
@@ -96,6 +107,13 @@ class Envelope:
             body["trace"] = dict(self.trace)
         else:  # absent, not {}: untraced envelopes stay as they were (module docstring)
             del body["trace"]
+        # Absent when empty, as trace: an envelope outside a workflow is unchanged.
+        for name in ("workflow", "chain"):
+            if not body[name]:
+                del body[name]
+        if self.chain:
+            body["chain"] = [dict(step) for step in self.chain]
+            body["v"] = max(self.v, _CHAIN_FORMAT)
         body.update(self.extra)
         return body
 
@@ -118,7 +136,7 @@ _REQUIRED = {"id", "task", "fence", "v", _CHECKSUM}
 _TYPES: dict[str, type | tuple[type, ...]] = {
     "id": str, "task": str, "args": list, "kwargs": dict, "queue": str,
     "idem_key": (str, type(None)), "fence": int, "attempt": int, "resurrections": int,
-    "created_ms": int, "schema_version": int, "trace": dict,
+    "created_ms": int, "schema_version": int, "trace": dict, "workflow": str, "chain": list,
 }  # fmt: skip
 
 
@@ -247,6 +265,10 @@ def decode(raw: object, signer: Signer | None = None) -> Envelope:
     _check_types(body, raw)
     known = {name: body.pop(name) for name in _WIRE_FIELDS if name in body}
     try:
-        return Envelope(**{**known, "args": tuple(known.get("args", ()))}, extra=body)
+        chain = tuple(known.pop("chain", ()))
+        if not all(isinstance(step, dict) for step in chain):
+            raise EnvelopeError("bad envelope: a chain step is not an object", raw=raw,
+                                reason="malformed_message")  # fmt: skip
+        return Envelope(**{**known, "args": tuple(known.get("args", ()))}, chain=chain, extra=body)
     except TypeError as exc:
         raise EnvelopeError(f"bad envelope: {exc}", raw=raw, reason="malformed_message") from exc

@@ -95,13 +95,15 @@ def admission_rate(admission_limit: str | None, rate_limit: str | None) -> str |
 #: ``apply_async`` options accepted and not needed: Celery beat passes ``producer`` and a
 #: ``headers`` mark; relier retries its own publish, keeps every outcome, routes by queue.
 _CALL_NO_OPS = frozenset(
-    {"producer", "retry", "retry_policy", "ignore_result", "add_to_parent", "serializer"}
-)
+    {"producer", "retry", "retry_policy", "ignore_result", "add_to_parent", "serializer",
+     # A chain's bookkeeping: its envelopes carry the workflow themselves.
+     "reply_to", "root_id", "parent_id"}
+)  # fmt: skip
 _BEAT_HEADERS = frozenset({"celery_beat_task", "periodic_task_name"})
-_CALL_CANVAS = frozenset({"link", "link_error", "chain", "chord", "group_id", "group_index"})
+_CALL_CANVAS = frozenset({"link", "link_error", "chord", "group_id", "group_index"})
 _CANVAS_WHY = (
-    "is not supported yet: callbacks and canvas (chain, group, chord) need workflows "
-    "relier can commit with each step; push the next task from the first one's body"
+    "is not supported yet: callbacks (link) and the group and chord canvas need workflows "
+    "relier can commit with each step (chain is supported: docs/workflows.md)"
 )
 
 
@@ -120,7 +122,7 @@ def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
             raise TypeError(f"apply_async({given[0]}=...) {why}")
     out: dict[str, Any] = {}
     for name, value in options.items():
-        if name in ("task_id", "queue", "countdown", "eta", "expires"):
+        if name in ("task_id", "queue", "countdown", "eta", "expires", "chain"):
             if value is not None:
                 out[name] = value
         elif name == "headers":

@@ -36,7 +36,7 @@ from typing import Any
 
 from celery import states
 
-from ..model import outcome
+from ..model import outcome, workflow
 from ..model.config import Config
 from ..model.envelope import Envelope
 from ..model.failure import Failure, Reason
@@ -254,7 +254,8 @@ async def adivert(
             if chosen.propagates:
                 raise
             return receipt
-        _succeeded(spec, env, receipt, attempt, value)
+        if _succeeded(spec, env, receipt, attempt, value):
+            await asyncio.to_thread(_next_step, app, env, receipt, chosen.propagates, value)
         return receipt
 
 
@@ -297,8 +298,25 @@ def deliver(
             if propagates:
                 raise
             return receipt
-        _succeeded(spec, env, receipt, attempt, value)
+        if _succeeded(spec, env, receipt, attempt, value):
+            _next_step(app, env, receipt, propagates, value)
         return receipt
+
+
+def _next_step(
+    app: Any, env: Envelope, receipt: EagerReceipt, propagates: bool, value: Any
+) -> None:
+    """A chain step that succeeded runs its successor, as a worker's commit creates it."""
+    if not env.chain:
+        return
+    nxt = workflow.successor(env, value, int(time.time() * 1000))
+    assert nxt is not None
+    spec = getattr(app.tasks.get(nxt.task), "relier_spec", None)
+    if not isinstance(spec, TaskSpec):
+        raise TypeError(f"chain step {nxt.task!r} is not an @rl_task of this app")
+    held = EagerReceipt.deferred(nxt.id, receipt.config)
+    assert isinstance(held, EagerReceipt)
+    deliver(spec, app, nxt, held, propagates, now=True)
 
 
 def _at_commit(
@@ -362,7 +380,9 @@ def _claim(spec: TaskSpec, env: Envelope, receipt: EagerReceipt) -> EagerReceipt
 
 def _succeeded(
     spec: TaskSpec, env: Envelope, receipt: EagerReceipt, attempts: int, value: Any
-) -> None:
+) -> bool:
+    """Settle a run that returned ``value``; False when the value is not JSON (then it
+    is a failure, as on a worker)."""
     try:
         record = outcome.succeeded(value, 1)
     except (TypeError, ValueError, RecursionError) as exc:  # as the runner's _record
@@ -371,9 +391,10 @@ def _succeeded(
             f"the task returned a {type(value).__name__}, which is not JSON: {exc}",
         )  # fmt: skip
         _settle_failure(spec, env, receipt, attempts, failure)
-        return
+        return False
     receipt._outcome.set(record)
     logger.debug("ran eagerly task=%s task_id=%s attempts=%s", env.task, env.id, attempts)
+    return True
 
 
 def _failed(

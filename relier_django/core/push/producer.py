@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..broker import publish
-from ..model import arguments, config, tracing
+from ..model import arguments, config, tracing, workflow
 from ..model.envelope import Envelope, decode
 from ..model.errors import AdmissionRejected, DuplicateTaskId
 from ..model.idem_key import derive_key
@@ -80,16 +80,21 @@ def prepare(
     task_id: str | None = None,
     queue: str | None = None,
     idempotency_key: str | None = None,
+    chain: Sequence[workflow.Step] = (),
 ) -> Envelope:
     """Validate the call and build its first envelope (fence 1). Raises ``TypeError``
     for arguments that do not fit the signature or are not JSON-serialisable.
-    ``idempotency_key``: this push's own key (a periodic tick's), whatever the task's."""
+    ``idempotency_key``: this push's own key (a periodic tick's), whatever the task's.
+    ``chain``: the steps that follow this task (it is then a workflow's first step)."""
     arguments.check(spec, args, kwargs)
     idem = idempotency_key
     if idem is None and spec.idempotent:
         idem = derive_key(spec.idempotency_key, args, kwargs)
+    task_id = task_id or uuid.uuid4().hex
     return Envelope(
-        id=task_id or uuid.uuid4().hex,
+        id=task_id,
+        workflow=task_id if chain else "",
+        chain=workflow.chain_of(chain),
         task=spec.name,
         args=tuple(args),
         kwargs=dict(kwargs),
@@ -125,9 +130,10 @@ class _Push:
         queue: str | None = None,
         when: Timing = NOW,
         idempotency_key: str | None = None,
+        chain: Sequence[workflow.Step] = (),
     ) -> _Push:
         cfg = config.current()
-        env = prepare(spec, args, kwargs, task_id, queue, idempotency_key)
+        env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain)
         encoded = env.encode(cfg.signer)
         return cls(cfg, spec, env, encoded, KeySpace.of(cfg), when=when)
 
@@ -257,8 +263,11 @@ def push(
     idempotency_key: str | None = None,
     on_commit: bool = True,
     using: str | None = None,
+    chain: Sequence[workflow.Step] = (),
 ) -> Receipt:
-    """Sync push. See ``RelierTask.push`` and ``RelierTask.push_with`` for the guarantees."""
+    """Sync push. See ``RelierTask.push`` and ``RelierTask.push_with`` for the guarantees.
+    ``chain``: the steps that follow (``workflow.steps_of``), each created by the
+    commit of the one before."""
     if bridge.in_running_loop():
         raise RuntimeError(
             f"{spec.name}.push() was called inside a running event loop, where it would "
@@ -266,7 +275,7 @@ def push(
         )
     with tracing.push_span(spec.name):
         # Validation comes first, inside the caller's transaction: bad input raises now.
-        p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key)
+        p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key, chain)
         tracing.annotate(p.env)
         # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).
         hook = _transaction_hook if on_commit else None

@@ -234,9 +234,23 @@ class KeySpace:
     def for_orphans(self, task_ids: list[str]) -> list[str]:
         return self.for_heartbeat(task_ids)
 
-    def for_commit(self, task_id: str, idem_key: str | None, keep_trail: bool = False) -> list[str]:
+    def for_commit(
+        self,
+        task_id: str,
+        idem_key: str | None,
+        keep_trail: bool = False,
+        successor: str | None = None,
+        queue_list: str | None = None,
+    ) -> list[str]:
+        """``successor``: the id of the chain step this commit creates (``queue_list``:
+        the broker list its message is pushed to, when the script pushes it)."""
         keys = [self.task(task_id), self.history(task_id), self.expiry, self.result(task_id),
                 *self._counted()]  # fmt: skip
+        if successor is not None:
+            trail = self.trail(task_id) if keep_trail else ""
+            tail = [queue_list] if queue_list else []
+            return [*keys, idem_key or "", trail, self.task(successor), self.result(successor),
+                    *tail]  # fmt: skip
         if keep_trail:
             return [*keys, idem_key or "", self.trail(task_id)]
         return [*keys, idem_key] if idem_key else keys

@@ -85,15 +85,42 @@ def handoff(
     return scripts.ScriptCall(scripts.HANDOFF, keys.for_handoff(ids), args, int)
 
 
+@dataclass(frozen=True, slots=True)
+class Successor:
+    """The chain step a commit creates: its envelope (fence 1) as stored, its queue's
+    broker message when the script can push it (kombu's Redis transport on the store),
+    the queued grace and its resurrection limit."""
+
+    env: Envelope
+    encoded: str
+    message: tuple[str, str] | None
+    grace_ms: int
+    max_resurrections: int
+
+
 def commit(
-    keys: KeySpace, env: Envelope, record: str, result_ttl_ms: int, keep_trail: bool = False
+    keys: KeySpace,
+    env: Envelope,
+    record: str,
+    result_ttl_ms: int,
+    keep_trail: bool = False,
+    successor: Successor | None = None,
 ) -> scripts.ScriptCall[Transition]:
-    """``keep_trail``: keep the task hash and history (``keys.trail``) with the result."""
+    """``keep_trail``: keep the task hash and history (``keys.trail``) with the result.
+    ``successor``: the next step of a chain, created by the same script."""
     idem = keys.idempotency(env.task, env.idem_key) if env.idem_key else None
+    args: list[scripts.Arg] = [env.id, env.fence, record, result_ttl_ms]
+    if successor is None:
+        return scripts.ScriptCall(
+            scripts.COMMIT, keys.for_commit(env.id, idem, keep_trail), args, parse_transition
+        )
+    nxt, message = successor.env, successor.message
+    args += [nxt.id, successor.encoded, nxt.task, nxt.queue, successor.grace_ms,
+             successor.max_resurrections, message[1] if message else ""]  # fmt: skip
     return scripts.ScriptCall(
         scripts.COMMIT,
-        keys.for_commit(env.id, idem, keep_trail),
-        [env.id, env.fence, record, result_ttl_ms],
+        keys.for_commit(env.id, idem, keep_trail, nxt.id, message[0] if message else None),
+        args,
         parse_transition,
     )
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Any
 
 from ..broker import publish
 from ..dlq import dead_letter as dlq
-from ..model import outcome, tracing
+from ..model import outcome, tracing, workflow
 from ..model.backoff import backoff_s
 from ..model.config import Config
 from ..model.envelope import Envelope, decode
@@ -62,6 +63,10 @@ class _Unrunnable(Exception):
 @dataclass(frozen=True, slots=True)
 class _Commit:
     record: str  # the outcome record, as commit.lua stores it
+    # A chain step's successor (fence 1, the result as its first argument), encoded:
+    # commit.lua creates it with the commit.
+    successor: Envelope | None = None
+    encoded: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +175,20 @@ class Runner:
             beats.remove(env.id, env.fence)
         action = self._outcome(spec, env, ctx, result, error)
         if isinstance(action, _Commit):  # the common case: no crossing to the loop
+            client = sync_client(self.config)
+            message = None
+            if action.successor is not None:
+                message = publish.message_for_store(
+                    self.app, action.successor, action.encoded, client
+                )
             done = fencing.commit(
-                self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail
-            ).run(sync_client(self.config))
+                self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail,
+                self._successor(action, message),
+            ).run(client)  # fmt: skip
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 checkpoint.remove_files(self.config.checkpoint_dir, env.id)
+            if done.accepted and action.successor is not None and message is None:
+                bridge.run(self._publish_successor(action))
             return self._commit_ended(env, done, result)
         if action is None:
             return _superseded(env)
@@ -299,17 +313,62 @@ class Runner:
         if isinstance(error, Exception):
             return self._failed(spec, env, error)
         record = self._record(result, env.fence)
-        return _Dead(record) if isinstance(record, Failure) else _Commit(record)
+        if isinstance(record, Failure):
+            return _Dead(record)
+        try:
+            nxt = workflow.successor(env, result, int(time.time() * 1000))
+        except ValueError as exc:  # only a faulty producer writes such a chain
+            detail = f"the chain after this step cannot be read: {exc}"
+            return _Dead(
+                Failure(Reason.MALFORMED_MESSAGE, "ValueError", detail, worker=self.worker)
+            )
+        if nxt is None:
+            return _Commit(record)
+        return _Commit(record, nxt, nxt.encode(self.signer))
+
+    def _successor(
+        self, action: _Commit, message: tuple[str, str] | None
+    ) -> fencing.Successor | None:
+        nxt = action.successor
+        if nxt is None:
+            return None
+        spec = getattr(self.app.tasks.get(nxt.task), "relier_spec", None)
+        limit = getattr(spec, "max_resurrections", None)
+        return fencing.Successor(
+            nxt, action.encoded, message, int(self.config.queued_grace_s * 1000),
+            self.config.max_resurrections if limit is None else limit,
+        )  # fmt: skip
+
+    async def _publish_successor(self, action: _Commit) -> None:
+        """Publish a successor the commit stored but could not queue (the broker is not
+        the store's Redis). A publish lost here is covered: the stored successor is
+        re-dispatched after the queued grace, like a push whose producer died."""
+        assert action.successor is not None
+        try:
+            await publish.asend(self.app, action.successor, action.encoded)
+        except Exception:
+            logger.warning(
+                "chain step stored, its publish failed; re-dispatched after the queued "
+                "grace task_id=%s", action.successor.id, exc_info=True,
+            )  # fmt: skip
 
     async def _act(
         self, spec: TaskSpec, env: Envelope, action: _Action, result: Any, error: Exception | None
     ) -> Ended:
         if isinstance(action, _Commit):
+            message = None
+            if action.successor is not None:
+                message = await publish.amessage_for_store(
+                    self.app, action.successor, action.encoded, self.client
+                )
             done = await fencing.commit(
-                self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail
-            ).arun(self.client)
+                self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail,
+                self._successor(action, message),
+            ).arun(self.client)  # fmt: skip
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
+            if done.accepted and action.successor is not None and message is None:
+                await self._publish_successor(action)
             return self._commit_ended(env, done, result)
         if isinstance(action, _Retry):
             return await self._retry(spec, env, action.error, error)

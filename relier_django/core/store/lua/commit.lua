@@ -14,10 +14,22 @@
 -- ARGV[2]  fence of the committing incarnation
 -- ARGV[3]  outcome record, JSON, as receipts read it; it names the committing fence
 -- ARGV[4]  result TTL, ms
+-- A workflow step's commit also creates the next step (G1 across a chain: no moment when
+-- a step is done and its successor does not exist), given:
+-- KEYS[9]  the successor's task hash   KEYS[10] the successor's result key
+-- KEYS[11] the broker's queue list (only with ARGV[11])
+--          (KEYS[7] and KEYS[8] are then '' when unused)
+-- ARGV[5]  successor id   ARGV[6] its envelope (fence 1)   ARGV[7] its task name
+-- ARGV[8]  its queue   ARGV[9] queued grace, ms   ARGV[10] its max resurrections
+-- ARGV[11] '' or its broker message, as kombu's Redis transport would LPUSH it (the
+--          caller publishes when ''; the queued grace covers a publish that is lost)
+-- The successor is stored queued, fence 1, in the expiry index, as push.lua stores a
+-- task; once only: a successor id that already has a task or a result is left alone.
 -- RETURNS  {1, 0}              committed (also to a replay of this call after a lost
 --                              reply: the task is gone and its result is this record,
 --                              which only this fence's one running copy can write)
---          {0, current_fence}  rejected: the fence moved (-1: the task is gone)
+--          {0, current_fence}  rejected: the fence moved (-1: the task is gone); no
+--                              successor is created
 -- Counts: 'committed' and the minute's and hour's 'ok' once per task; 'stale' per refused
 -- call (a zombie's commit; a client retry of a refused call counts again).
 -- @include _metrics
@@ -37,7 +49,7 @@ if KEYS[7] and KEYS[7] ~= '' and redis.call('GET', KEYS[7]) == id then
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if KEYS[8] then
+if KEYS[8] and KEYS[8] ~= '' then
   local history = redis.call('LRANGE', KEYS[2], 0, -1)
   redis.call('RENAME', KEYS[1], KEYS[8])
   redis.call('HSET', KEYS[8], 'state', 'committed', 'done_ms', now_ms,
@@ -48,6 +60,17 @@ else
   redis.call('DEL', KEYS[1], KEYS[2])
 end
 redis.call('ZREM', KEYS[3], id)
+local next_id = ARGV[5]
+if next_id and redis.call('EXISTS', KEYS[9]) == 0 and redis.call('EXISTS', KEYS[10]) == 0 then
+  redis.call('HSET', KEYS[9],
+    'env', ARGV[6], 'fence', 1, 'state', 'queued', 'attempt', 1, 'res', 0, 'name', ARGV[7],
+    'queue', ARGV[8], 'idem', '', 'created_ms', now_ms, 'maxres', ARGV[10], 'pushers', 1)
+  redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[9]), next_id)
+  if ARGV[11] ~= '' then
+    redis.call('LPUSH', KEYS[11], ARGV[11])
+  end
+  metric_count(KEYS[5], 'pushed')
+end
 metric_count(KEYS[5], 'committed')
 if KEYS[6] ~= '' then
   metric_window(KEYS[6], now_ms, 'ok', 1)

@@ -1,0 +1,78 @@
+"""A chain's steps as its envelopes carry them, and the successor a committing step
+creates. Pure; no I/O.
+
+Each step's envelope carries the steps still to come (``Envelope.chain``) and the
+workflow's identity (``Envelope.workflow``: the first step's task id). When a step
+commits, the worker builds the next step's envelope, with the step's result as its
+first argument (as Celery passes it; not for an immutable ``.si()`` signature), and
+``commit.lua`` stores and queues it in the same script as the commit: a step is never
+done without its successor existing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .envelope import Envelope
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A step to come: its task, its frozen id, its own arguments, its queue, and
+    whether it takes the previous step's result (``immutable``: it does not)."""
+
+    task: str
+    id: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    queue: str = ""
+    immutable: bool = False
+    version: int = 1  # the step task's argument schema, as its producer knew it
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "task": self.task, "id": self.id, "args": list(self.args),
+            "kwargs": dict(self.kwargs), "queue": self.queue, "immutable": self.immutable,
+            "version": self.version,
+        }  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, raw: Mapping[str, Any]) -> Step:
+        """Raises ValueError for a step that is not one (the envelope's checksum held,
+        so only a faulty producer writes such a thing)."""
+        try:
+            step = cls(
+                task=raw["task"], id=raw["id"], args=tuple(raw.get("args", ())),
+                kwargs=dict(raw.get("kwargs", {})), queue=raw.get("queue", ""),
+                immutable=bool(raw.get("immutable", False)), version=int(raw.get("version", 1)),
+            )  # fmt: skip
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"a chain step is malformed: {raw!r}") from exc
+        if not (isinstance(step.task, str) and isinstance(step.id, str) and step.id):
+            raise ValueError(f"a chain step is malformed: {raw!r}")
+        return step
+
+
+def chain_of(steps: Sequence[Step]) -> tuple[dict[str, Any], ...]:
+    return tuple(step.wire() for step in steps)
+
+
+def successor(env: Envelope, result: Any, created_ms: int) -> Envelope | None:
+    """The envelope of the step after ``env``'s, given ``env``'s result; None when
+    ``env`` is the last step (or not in a chain).
+
+    Raises:
+        ValueError: the next step is malformed.
+    """
+    if not env.chain:
+        return None
+    step = Step.from_wire(env.chain[0])
+    args = step.args if step.immutable else (result, *step.args)
+    return Envelope(
+        id=step.id, task=step.task, args=args, kwargs=dict(step.kwargs), queue=step.queue,
+        created_ms=created_ms, schema_version=step.version, trace=env.trace,
+        workflow=env.workflow or env.id,
+        chain=env.chain[1:],
+    )  # fmt: skip

@@ -1,0 +1,65 @@
+"""Chains under real deaths (docs/workflows.md): a step's pool process SIGKILLed mid-step
+is resurrected like any task and the chain goes on from it, each step committing once;
+a whole worker SIGKILLed mid-chain loses no step. Real prefork workers, real SIGKILLs."""
+
+from __future__ import annotations
+
+import json
+
+from celery import chain
+
+import relier_django
+from relier_django.core.model import config
+from relier_django.core.store.connection import sync_client
+from testproject.demo import tasks
+from tests.chaos.test_resurrection import FAST, running_pid
+from tests.leaks import assert_no_leaked_keys
+
+
+def steps(last) -> list[str]:
+    ids, node = [], last
+    while node is not None:
+        ids.append(node.id)
+        node = node.parent
+    return ids[::-1]
+
+
+def fences(client, task_id: str) -> list[int]:
+    return [int(e.split(b":")[0]) for e in client.lrange(f"demo:exec:step:{task_id}", 0, -1)]
+
+
+def test_a_step_killed_mid_run_is_resurrected_and_the_chain_goes_on_once(
+    worker_factory, redis_client
+):
+    worker = worker_factory(extra_env=FAST)
+    client = sync_client(config.current())
+    add = tasks.step_add
+    last = chain(add.s(1, 2), add.s(3, sleep_s=3.0), add.s(4), add.s(5)).apply_async()
+    ids = steps(last)
+    worker.kill_child(running_pid(client, ids[1]))  # the second step, mid-run
+
+    assert relier_django.result(last.id).get(timeout=60) == 15
+    # The killed step ran again at fence 2; every other step once, at fence 1.
+    assert [fences(redis_client, i) for i in ids] == [[1], [1, 2], [1], [1]]
+    inputs = [[json.loads(x) for x in redis_client.lrange(f"demo:step-x:{i}", 0, -1)] for i in ids]
+    assert inputs == [[1], [3, 3], [6], [10]]
+    assert_no_leaked_keys(redis_client)
+
+
+def test_a_whole_worker_killed_mid_chain_loses_no_step(worker_factory, redis_client):
+    doomed = worker_factory(name="doomed", extra_env=FAST)
+    worker_factory(name="survivor", extra_env=FAST)
+    client = sync_client(config.current())
+    add = tasks.step_add
+    chains = [chain(add.s(i, 1, sleep_s=0.5), add.s(1, sleep_s=0.5), add.s(1)).apply_async()
+              for i in range(6)]  # fmt: skip
+    running_pid(client, steps(chains[0])[0])
+    doomed.kill()  # SIGKILL: the main process and its pool, mid-chain
+
+    assert [relier_django.result(c.id).get(timeout=90) for c in chains] == [i + 3 for i in range(6)]
+    for c in chains:
+        for task_id in steps(c):
+            runs = fences(redis_client, task_id)
+            # Once, or again at a higher fence when the kill took the run.
+            assert runs == sorted(set(runs)) and runs[0] == 1, (task_id, runs)
+    assert_no_leaked_keys(redis_client)

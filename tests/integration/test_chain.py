@@ -1,0 +1,117 @@
+"""Chains with relier's guarantees (docs/workflows.md): Celery's own canvas API
+(``chain()``, ``|``, ``.s()``, ``.si()``) over ``@rl_task`` signatures, run by real
+workers on the session's private Redis. Each step's commit creates the next step in
+the same script, so the chain ends once with the right result; a failing step waits in
+the DLQ with the rest of the chain, and releasing it resumes the chain."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from celery import chain, group
+
+import relier_django
+from relier_django import dlq
+from relier_django.core.model.envelope import decode
+from relier_django.core.store.keys import KeySpace
+from testproject.demo import tasks
+from testproject.harness import wait_until
+from tests.leaks import assert_no_leaked_keys
+
+KEYS = KeySpace("rl")
+
+
+def runs(client, task_id: str) -> list[str]:
+    """One entry per run of a ``demo.step_add`` step (its fence and worker)."""
+    return [e.decode().split(":", 1)[0] for e in client.lrange(f"demo:exec:step:{task_id}", 0, -1)]
+
+
+def test_a_chain_runs_each_step_once_passing_each_result_on(worker, redis_client):
+    add = tasks.step_add
+    last = chain(add.s(1, 2), add.s(3), add.si(10, 5), add.s(100)).apply_async()
+    ids = [r.id for r in reversed(list(_results(last)))]
+    assert relier_django.result(last.id).get(timeout=30) == 115
+    # Each step's result: 1+2, then +3, then 10+5 (immutable: no previous result), then +100.
+    assert [relier_django.result(i).get(timeout=5) for i in ids] == [3, 6, 15, 115]
+    assert [runs(redis_client, i) for i in ids] == [["1"]] * 4  # once each, at fence 1
+    assert [received(redis_client, i) for i in ids] == [[1], [3], [10], [15]]
+    assert_no_leaked_keys(redis_client)
+
+
+def received(client, task_id: str) -> list[int]:
+    """The ``x`` each run of a ``demo.step_add`` step got."""
+    return [json.loads(x) for x in client.lrange(f"demo:step-x:{task_id}", 0, -1)]
+
+
+def test_the_pipe_operator_and_delay_build_the_same_chain(worker, redis_client):
+    add = tasks.step_add
+    result = (add.s(1, 1) | add.s(1) | add.s(1)).delay()
+    assert relier_django.result(result.id).get(timeout=30) == 4
+
+
+def test_each_step_is_created_by_the_commit_of_the_one_before(redis_client):
+    # No worker: the first step is stored; the others exist only in its envelope.
+    add = tasks.step_add
+    last = chain(add.s(1, 2), add.s(3), add.s(4)).apply_async()
+    first, second = [r.id for r in reversed(list(_results(last)))][:2]
+    assert redis_client.exists(KEYS.task(first))
+    assert not redis_client.exists(KEYS.task(second)) and not redis_client.exists(
+        KEYS.task(last.id)
+    )
+    env = decode(redis_client.hget(KEYS.task(first), "env"))
+    assert env.workflow == first and env.v == 2
+    assert [step["id"] for step in env.chain] == [second, last.id]
+
+
+def test_a_failing_step_waits_in_the_dlq_with_the_rest_and_release_resumes_it(worker, redis_client):
+    add = tasks.step_add
+    redis_client.set("demo:broken:3", 1)
+    last = chain(add.s(1, 2), add.s(3), add.s(4)).apply_async()
+    first, middle = [r.id for r in reversed(list(_results(last)))][:2]
+    entry = wait_until(lambda: dlq.store().get(middle), 30, what="the broken step in the DLQ")
+    envelope = entry.envelope
+    assert envelope["workflow"] == first  # the workflow's identity
+    assert [step["id"] for step in envelope["chain"]] == [last.id]  # the rest waits with it
+    assert not redis_client.exists(KEYS.task(last.id))  # never created
+    redis_client.delete("demo:broken:3")
+    dlq.release_entry(middle)
+    assert relier_django.result(last.id).get(timeout=30) == 10
+    assert runs(redis_client, first) == ["1"] and runs(redis_client, last.id) == ["1"]
+
+
+def test_a_plain_celery_task_in_a_chain_is_refused_and_nothing_is_pushed(redis_client):
+    with pytest.raises(TypeError, match="is not an @rl_task"):
+        chain(tasks.step_add.s(1, 2), tasks.plain_record.s()).apply_async()
+    assert redis_client.dbsize() == 0
+
+
+def test_a_step_whose_own_arguments_cannot_fit_is_refused_at_push(redis_client):
+    with pytest.raises(TypeError):
+        chain(tasks.step_add.s(1, 2), tasks.step_add.s(1, 2, 3)).apply_async()
+    assert redis_client.dbsize() == 0
+
+
+def test_group_and_chord_are_refused_by_name(redis_client):
+    with pytest.raises(TypeError, match="canvas"):
+        group(tasks.step_add.s(1, 2), tasks.step_add.s(3, 4)).apply_async()
+
+
+def test_a_chain_runs_whole_in_eager_mode(settings, redis_client):
+    settings.RELIER = {**settings.RELIER, "EAGER": True}
+    add = tasks.step_add
+    last = chain(add.s(1, 2), add.s(3), add.si(7, 1), add.s(5)).apply_async()
+    ids = [r.id for r in reversed(list(_results(last)))]
+    # Each step ran once, in this process (fence 0: no incarnation), given the
+    # previous result (the immutable step its own arguments).
+    assert [runs(redis_client, i) for i in ids] == [["0"]] * 4
+    assert [received(redis_client, i) for i in ids] == [[1], [3], [7], [8]]
+    assert not redis_client.keys("rl:*")  # eager mode never touched relier's store
+
+
+def _results(last):
+    """The chain's results, last step first (Celery links each to its parent)."""
+    node = last
+    while node is not None:
+        yield node
+        node = node.parent
