@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from celery import group
 
 from relier_django.core.model.envelope import decode
 from relier_django.core.schedule import periodic
@@ -71,10 +70,10 @@ def test_an_option_it_cannot_honour_is_refused_and_nothing_is_pushed(options, sa
     assert redis_client.dbsize() == 0
 
 
-def test_a_group_is_refused_by_name_until_workflows_land(redis_client):
-    # chain() is supported (tests/integration/test_chain.py); group and chord not yet.
+def test_a_chord_is_refused_by_name_until_workflows_land(redis_client):
+    # chain() and group() are supported (tests/integration/test_chain.py); chord not yet.
     with pytest.raises(TypeError, match="canvas"):
-        group(tasks.sync_record.s("a"), tasks.sync_record.s("b")).apply_async()
+        tasks.sync_record.apply_async(("a",), chord=tasks.sync_record.s())
     assert redis_client.dbsize() == 0
 
 

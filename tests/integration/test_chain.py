@@ -1,4 +1,4 @@
-"""Chains with relier's guarantees (docs/workflows.md): Celery's own canvas API
+"""Chains and groups with relier's guarantees (docs/workflows.md): Celery's own canvas API
 (``chain()``, ``|``, ``.s()``, ``.si()``) over ``@rl_task`` signatures, run by real
 workers on the session's private Redis. Each step's commit creates the next step in
 the same script, so the chain ends once with the right result; a failing step waits in
@@ -92,9 +92,31 @@ def test_a_step_whose_own_arguments_cannot_fit_is_refused_at_push(redis_client):
     assert redis_client.dbsize() == 0
 
 
-def test_group_and_chord_are_refused_by_name(redis_client):
+def test_a_group_pushes_each_member_once_under_the_groups_identity(worker, redis_client):
+    add = tasks.step_add
+    redis_client.set("demo:broken:99", 1)
+    members = [add.s(i, 10) for i in range(4)] + [add.s(0, 99)]
+    result = group(members).apply_async()
+    ids = [r.id for r in result.results]
+    assert [relier_django.result(i).get(timeout=30) for i in ids[:4]] == [10, 11, 12, 13]
+    assert [runs(redis_client, i) for i in ids[:4]] == [["1"]] * 4
+    # A member that fails lands in the DLQ under the group's identity.
+    entry = wait_until(lambda: dlq.store().get(ids[4]), 30, what="the broken member in the DLQ")
+    assert entry.envelope["workflow"] == result.id
+
+
+def test_a_group_of_chains_runs_every_chain_once(worker, redis_client):
+    add = tasks.step_add
+    result = group(chain(add.s(i, 1), add.s(1), add.s(1)) for i in range(3)).apply_async()
+    assert [relier_django.result(r.id).get(timeout=30) for r in result.results] == [3, 4, 5]
+
+
+def test_chord_and_link_are_refused_by_name(redis_client):
     with pytest.raises(TypeError, match="canvas"):
-        group(tasks.step_add.s(1, 2), tasks.step_add.s(3, 4)).apply_async()
+        tasks.step_add.apply_async((1, 2), chord=tasks.step_add.s(0))
+    with pytest.raises(TypeError, match="canvas"):
+        tasks.step_add.apply_async((1, 2), link=tasks.step_add.s(0))
+    assert redis_client.dbsize() == 0
 
 
 def test_a_chain_runs_whole_in_eager_mode(settings, redis_client):

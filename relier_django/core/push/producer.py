@@ -81,11 +81,13 @@ def prepare(
     queue: str | None = None,
     idempotency_key: str | None = None,
     chain: Sequence[workflow.Step] = (),
+    group_id: str | None = None,
 ) -> Envelope:
     """Validate the call and build its first envelope (fence 1). Raises ``TypeError``
     for arguments that do not fit the signature or are not JSON-serialisable.
     ``idempotency_key``: this push's own key (a periodic tick's), whatever the task's.
-    ``chain``: the steps that follow this task (it is then a workflow's first step)."""
+    ``chain``: the steps that follow this task (it is then a workflow's first step).
+    ``group_id``: the group this task is a member of (the workflow's identity)."""
     arguments.check(spec, args, kwargs)
     idem = idempotency_key
     if idem is None and spec.idempotent:
@@ -93,7 +95,7 @@ def prepare(
     task_id = task_id or uuid.uuid4().hex
     return Envelope(
         id=task_id,
-        workflow=task_id if chain else "",
+        workflow=group_id or (task_id if chain else ""),
         chain=workflow.chain_of(chain),
         task=spec.name,
         args=tuple(args),
@@ -131,9 +133,10 @@ class _Push:
         when: Timing = NOW,
         idempotency_key: str | None = None,
         chain: Sequence[workflow.Step] = (),
+        group_id: str | None = None,
     ) -> _Push:
         cfg = config.current()
-        env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain)
+        env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id)
         encoded = env.encode(cfg.signer)
         return cls(cfg, spec, env, encoded, KeySpace.of(cfg), when=when)
 
@@ -264,10 +267,11 @@ def push(
     on_commit: bool = True,
     using: str | None = None,
     chain: Sequence[workflow.Step] = (),
+    group_id: str | None = None,
 ) -> Receipt:
     """Sync push. See ``RelierTask.push`` and ``RelierTask.push_with`` for the guarantees.
-    ``chain``: the steps that follow (``workflow.steps_of``), each created by the
-    commit of the one before."""
+    ``chain``: the steps that follow, each created by the commit of the one before.
+    ``group_id``: the Celery group this push is a member of."""
     if bridge.in_running_loop():
         raise RuntimeError(
             f"{spec.name}.push() was called inside a running event loop, where it would "
@@ -275,7 +279,7 @@ def push(
         )
     with tracing.push_span(spec.name):
         # Validation comes first, inside the caller's transaction: bad input raises now.
-        p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key, chain)
+        p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key, chain, group_id)
         tracing.annotate(p.env)
         # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).
         hook = _transaction_hook if on_commit else None
