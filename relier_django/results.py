@@ -38,6 +38,9 @@ from django.core.exceptions import ImproperlyConfigured
 from . import conf
 from .core.model import config
 from .core.model.redaction import redact
+from .core.store import chords
+from .core.store.connection import sync_client
+from .core.store.keys import KeySpace
 from .core.store.receipt import TaskStatus, aresult, read_status, result
 
 __all__ = ["RelierBackend", "aresult", "result"]
@@ -142,9 +145,13 @@ class RelierBackend(BaseBackend):
 
     # -- chords, cleanup, the broker hook: the fallback's ----------------------------
     def ensure_chords_allowed(self) -> None:
-        self._needs_fallback("a chord").ensure_chords_allowed()
+        pass  # a chord of @rl_task signatures is relier's; apply_chord decides for the rest
 
     def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> Any:
+        # An @rl_task callback: relier's store counts the header and creates the callback
+        # (docs/workflows.md); Celery's records are not involved.
+        if getattr(getattr(body, "type", None), "relier_spec", None) is not None:
+            return None
         return self._needs_fallback("a chord").apply_chord(header_result_args, body, **kwargs)
 
     def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
@@ -152,6 +159,10 @@ class RelierBackend(BaseBackend):
             self.fallback.on_chord_part_return(request, state, result, **kwargs)
 
     def set_chord_size(self, group_id: str, chord_size: int) -> None:
+        # Celery says the header's size before it pushes the last member: relier's
+        # chord state needs it to know which member's commit completes the header.
+        cfg = conf.get_config()
+        chords.set_size(sync_client(cfg), KeySpace.of(cfg), group_id, chord_size)
         if self.fallback is not None:
             self.fallback.set_chord_size(group_id, chord_size)
 

@@ -132,9 +132,16 @@ class RelierTask(Task):
             chosen.pop("countdown", None), chosen.pop("eta", None), chosen.pop("expires", None)
         )
         steps = _steps(self.app, chosen.pop("chain", None) or ())
+        index, body = chosen.pop("group_index", None), chosen.pop("chord", None)
+        chord = {}
+        if body is not None:
+            if steps:
+                raise TypeError("a chain inside a chord's header is not supported yet")
+            callback = _steps(self.app, [body])[0]
+            chord = {"id": chosen.get("group_id"), "index": index, "callback": callback.wire()}
         return producer.push(
             self.relier_spec, self.app, tuple(args or ()), dict(kwargs or {}), when=when,
-            chain=steps, **chosen,
+            chain=steps, chord=chord, **chosen,
         )  # fmt: skip
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -169,6 +176,8 @@ def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
                 "Celery task, a group or a chord (docs/workflows.md)"
             )
         options = sig.options
+        if options.get("chord") is not None:
+            raise TypeError("a chain inside a chord's header is not supported yet")
         sig_args, sig_kwargs = tuple(sig.args), dict(sig.kwargs)
         # The previous step's result comes first: its type is only known then.
         probe = sig_args if sig.immutable else (None, *sig_args)

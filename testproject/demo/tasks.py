@@ -639,3 +639,11 @@ def step_add(ctx: TaskContext, x: int, y: int = 0, sleep_s: float = 0.0) -> int:
     if _redis().exists(f"demo:broken:{y}"):
         raise RuntimeError(f"the step adding {y} is broken")
     return x + y
+
+
+@rl_task(name="demo.step_sum")
+def step_sum(ctx: TaskContext, values: list[int], start: int = 0) -> int:
+    """A chord callback: ``start + sum(values)``, recorded as ``demo.step_add`` records."""
+    _record(f"step:{ctx.task_id}", ctx)
+    _redis().rpush(f"demo:step-x:{ctx.task_id}", json.dumps(values))
+    return start + sum(values)

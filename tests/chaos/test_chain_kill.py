@@ -1,4 +1,4 @@
-"""Chains under real deaths (docs/workflows.md): a step's pool process SIGKILLed mid-step
+"""Chains and chords under real deaths (docs/workflows.md): a step's pool process SIGKILLed mid-step
 is resurrected like any task and the chain goes on from it, each step committing once;
 a whole worker SIGKILLed mid-chain loses no step. Real prefork workers, real SIGKILLs."""
 
@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
-from celery import chain
+from celery import chain, chord
 
 import relier_django
 from relier_django.core.model import config
 from relier_django.core.store.connection import sync_client
+from testproject.celery import app
 from testproject.demo import tasks
 from tests.chaos.test_resurrection import FAST, running_pid
 from tests.leaks import assert_no_leaked_keys
@@ -60,6 +61,31 @@ def test_a_whole_worker_killed_mid_chain_loses_no_step(worker_factory, redis_cli
     for c in chains:
         for task_id in steps(c):
             runs = fences(redis_client, task_id)
-            # Once, or again at a higher fence when the kill took the run.
-            assert runs == sorted(set(runs)) and runs[0] == 1, (task_id, runs)
+            # Once, or again at a higher fence when the kill took the run (or only at
+            # fence 2: a prefetched step that the kill took before it started).
+            assert runs and runs == sorted(set(runs)), (task_id, runs)
     assert_no_leaked_keys(redis_client)
+
+
+def test_a_chord_member_killed_mid_run_still_fires_the_callback_once(worker_factory, redis_client):
+    from tests.integration.test_chord import BACKEND  # relier's backend starts chords
+
+    before = app.conf.result_backend
+    app.conf.result_backend, app._backend_cache = BACKEND, None
+    vars(app._local).pop("backend", None)
+    try:
+        worker = worker_factory(extra_env=FAST)
+        client = sync_client(config.current())
+        header = [tasks.step_add.s(i, 1, sleep_s=2.0 if i == 3 else 0.0) for i in range(8)]
+        result = chord(header)(tasks.step_sum.s(0))
+        victim = result.parent.results[3].id
+        worker.kill_child(running_pid(client, victim))
+
+        assert relier_django.result(result.id).get(timeout=60) == sum(range(1, 9))
+        assert fences(redis_client, victim) == [1, 2]  # resurrected, committed once
+        assert fences(redis_client, result.id) == [1]  # the callback ran once
+        callback_got = json.loads(redis_client.lrange(f"demo:step-x:{result.id}", 0, -1)[0])
+        assert callback_got == list(range(1, 9))  # the complete header, in order
+    finally:
+        app.conf.result_backend, app._backend_cache = before, None
+        vars(app._local).pop("backend", None)

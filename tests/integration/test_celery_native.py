@@ -70,10 +70,10 @@ def test_an_option_it_cannot_honour_is_refused_and_nothing_is_pushed(options, sa
     assert redis_client.dbsize() == 0
 
 
-def test_a_chord_is_refused_by_name_until_workflows_land(redis_client):
-    # chain() and group() are supported (tests/integration/test_chain.py); chord not yet.
+def test_link_is_refused_by_name_until_callbacks_land(redis_client):
+    # chain, group and chord are supported (tests/integration/test_chain.py, test_chord.py).
     with pytest.raises(TypeError, match="canvas"):
-        tasks.sync_record.apply_async(("a",), chord=tasks.sync_record.s())
+        tasks.sync_record.apply_async(("a",), link_error=tasks.sync_record.s())
     assert redis_client.dbsize() == 0
 
 

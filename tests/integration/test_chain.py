@@ -1,8 +1,9 @@
-"""Chains and groups with relier's guarantees (docs/workflows.md): Celery's own canvas API
-(``chain()``, ``|``, ``.s()``, ``.si()``) over ``@rl_task`` signatures, run by real
-workers on the session's private Redis. Each step's commit creates the next step in
-the same script, so the chain ends once with the right result; a failing step waits in
-the DLQ with the rest of the chain, and releasing it resumes the chain."""
+"""Chains and groups (chords: test_chord.py) with relier's guarantees
+(docs/workflows.md): Celery's own canvas API (``chain()``, ``|``, ``.s()``, ``.si()``,
+``group()``) over ``@rl_task`` signatures, run by real workers on the session's private
+Redis. Each step's commit creates the next step in the same script, so the chain ends
+once with the right result; a failing step waits in the DLQ with the rest of the chain,
+and releasing it resumes the chain."""
 
 from __future__ import annotations
 
@@ -111,11 +112,11 @@ def test_a_group_of_chains_runs_every_chain_once(worker, redis_client):
     assert [relier_django.result(r.id).get(timeout=30) for r in result.results] == [3, 4, 5]
 
 
-def test_chord_and_link_are_refused_by_name(redis_client):
-    with pytest.raises(TypeError, match="canvas"):
-        tasks.step_add.apply_async((1, 2), chord=tasks.step_add.s(0))
+def test_link_is_refused_by_name(redis_client):
     with pytest.raises(TypeError, match="canvas"):
         tasks.step_add.apply_async((1, 2), link=tasks.step_add.s(0))
+    with pytest.raises(TypeError, match="canvas"):
+        tasks.step_add.apply_async((1, 2), link_error=tasks.step_add.s(0))
     assert redis_client.dbsize() == 0
 
 

@@ -44,7 +44,7 @@ from relier_django.core.push import admission, idempotency, producer
 from relier_django.core.recovery import deaths
 from relier_django.core.schedule import periodic
 from relier_django.core.store import cancel as store_cancel
-from relier_django.core.store import checkpoint, scripts
+from relier_django.core.store import checkpoint, chords, scripts
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from relier_django.core.worker import fencing
@@ -174,6 +174,19 @@ def commit_chain(cfg: config.Config, client: redis.Redis) -> Any:
         id="replay-next", task="demo.step_add", args=(3, 4), created_ms=1, workflow=env.id
     )
     successor = fencing.Successor(nxt, nxt.encode(), ("replay-queue", "the message"), 60_000, 3)
+    return fencing.commit(_keys(cfg), env, record, 60_000, successor=successor).run(client)
+
+
+def commit_chord(cfg: config.Config, client: redis.Redis) -> Any:
+    # A chord member's commit that completes the header creates the callback.
+    env = _started(cfg, client)
+    chords.set_size(client, _keys(cfg), "replay-group", 2)
+    client.hset(_keys(cfg).chord("replay-group"), "r:0", "1")  # the other member's
+    record = outcome.succeeded(3, env.fence)
+    callback = Envelope(id="replay-cb", task="demo.step_sum", created_ms=1, header="replay-group")
+    successor = fencing.Successor(
+        callback, callback.encode(), None, 60_000, 3, "replay-group", 1, outcome.result_json(record)
+    )
     return fencing.commit(_keys(cfg), env, record, 60_000, successor=successor).run(client)
 
 
@@ -387,6 +400,7 @@ CASES: dict[str, Case] = {
 VARIANTS: dict[str, tuple[str, Case]] = {
     "commit+trail": ("commit", Case(commit_trail)),
     "commit+chain": ("commit", Case(commit_chain)),
+    "commit+chord": ("commit", Case(commit_chord)),
 }
 
 

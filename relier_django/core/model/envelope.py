@@ -30,9 +30,11 @@ without a new format: an older reader keeps it in ``extra``. It is left out of t
 body when empty, so an untraced envelope and its checksum are byte for byte what they
 were before the field existed.
 
-``chain`` (the steps of a workflow still to come after this one) is not ignorable: a
-reader that ignored it would commit the step and silently drop the rest of the chain.
-An envelope that carries one is written as format 2, which a release that does not
+``chain`` (the steps of a workflow still to come after this one), ``chord`` (a chord
+member's place in its header) and ``header`` (a chord callback's header) are not
+ignorable: a reader that ignored them would commit the step and silently drop the rest
+of the workflow, or run a callback without its header's results. An envelope that
+carries one is written as format 2, which a release that does not
 know workflows refuses (``schema_migration``, into the DLQ, from which it is released
 once every worker is upgraded); every other envelope stays format 1, byte for byte.
 """
@@ -94,6 +96,10 @@ class Envelope:
     # the admin), and the steps that follow this one (workflow.Step.wire() each).
     workflow: str = ""
     chain: tuple[Mapping[str, Any], ...] = ()
+    # A chord's header member: {"id": group id, "index": i, "callback": step}; and a
+    # chord's callback: the group id whose header results it takes first.
+    chord: Mapping[str, Any] = field(default_factory=dict)
+    header: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def next_incarnation(self, **changes: Any) -> Envelope:
@@ -108,11 +114,14 @@ class Envelope:
         else:  # absent, not {}: untraced envelopes stay as they were (module docstring)
             del body["trace"]
         # Absent when empty, as trace: an envelope outside a workflow is unchanged.
-        for name in ("workflow", "chain"):
+        for name in ("workflow", "chain", "chord", "header"):
             if not body[name]:
                 del body[name]
         if self.chain:
             body["chain"] = [dict(step) for step in self.chain]
+        if self.chord:
+            body["chord"] = dict(self.chord)
+        if self.chain or self.chord or self.header:
             body["v"] = max(self.v, _CHAIN_FORMAT)
         body.update(self.extra)
         return body
@@ -137,6 +146,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "id": str, "task": str, "args": list, "kwargs": dict, "queue": str,
     "idem_key": (str, type(None)), "fence": int, "attempt": int, "resurrections": int,
     "created_ms": int, "schema_version": int, "trace": dict, "workflow": str, "chain": list,
+    "chord": dict, "header": str,
 }  # fmt: skip
 
 

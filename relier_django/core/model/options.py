@@ -97,13 +97,13 @@ def admission_rate(admission_limit: str | None, rate_limit: str | None) -> str |
 _CALL_NO_OPS = frozenset(
     {"producer", "retry", "retry_policy", "ignore_result", "add_to_parent", "serializer",
      # A chain's bookkeeping: its envelopes carry the workflow themselves.
-     "reply_to", "root_id", "parent_id", "group_index"}
+     "reply_to", "root_id", "parent_id"}
 )  # fmt: skip
 _BEAT_HEADERS = frozenset({"celery_beat_task", "periodic_task_name"})
-_CALL_CANVAS = frozenset({"link", "link_error", "chord"})
+_CALL_CANVAS = frozenset({"link", "link_error"})
 _CANVAS_WHY = (
-    "is not supported yet: callbacks (link) and the chord canvas need workflows relier "
-    "can commit with each step (chain and group are supported: docs/workflows.md)"
+    "is not supported yet: callbacks (link) need workflows relier can commit with each "
+    "step; use a chain or a chord instead (canvas: docs/workflows.md)"
 )
 
 
@@ -122,7 +122,8 @@ def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
             raise TypeError(f"apply_async({given[0]}=...) {why}")
     out: dict[str, Any] = {}
     for name, value in options.items():
-        if name in ("task_id", "queue", "countdown", "eta", "expires", "chain", "group_id"):
+        if name in ("task_id", "queue", "countdown", "eta", "expires", "chain", "group_id",
+                    "group_index", "chord"):  # fmt: skip
             if value is not None:
                 out[name] = value
         elif name == "headers":

@@ -16,6 +16,12 @@ def succeeded(result: Any, fence: int) -> str:
     return canonical({"status": "ok", "result": result, "fence": fence})
 
 
+def result_json(record: str) -> str:
+    """The result inside a success record, as canonical JSON (a chord member's
+    result, as its commit records it in the chord's state)."""
+    return canonical(json.loads(record)["result"])
+
+
 def failed(reason: str, error: str | None, entry_id: str) -> str:
     return canonical({"status": "failed", "reason": reason, "error": error, "dlq_id": entry_id})
 

@@ -1,5 +1,5 @@
-"""A chain's steps as its envelopes carry them, and the successor a committing step
-creates. Pure; no I/O.
+"""A workflow's steps as its envelopes carry them, and what a committing step creates:
+a chain's next step, or a chord's callback. Pure; no I/O.
 
 Each step's envelope carries the steps still to come (``Envelope.chain``) and the
 workflow's identity (``Envelope.workflow``: the first step's task id). When a step
@@ -55,8 +55,45 @@ class Step:
         return step
 
 
+@dataclass(frozen=True, slots=True)
+class Next:
+    """What a committing step creates: ``env``, always (a chain's next step), or once
+    ``chord``'s header is complete (a chord's callback; ``chord`` is then the group id
+    and ``index`` this member's place in the header)."""
+
+    env: Envelope
+    chord: str | None = None
+    index: int = 0
+
+
 def chain_of(steps: Sequence[Step]) -> tuple[dict[str, Any], ...]:
     return tuple(step.wire() for step in steps)
+
+
+def following(env: Envelope, result: Any, created_ms: int) -> Next | None:
+    """What ``env``'s commit creates, given its result: the next step of its chain, or,
+    for a chord's header member, the chord's callback (created only by the commit that
+    completes the header; it takes the header's results first, read when it starts).
+
+    Raises:
+        ValueError: the chain's next step or the chord's callback is malformed.
+    """
+    if env.chain:
+        nxt = successor(env, result, created_ms)
+        return None if nxt is None else Next(nxt)
+    if not env.chord:
+        return None
+    try:
+        group_id, index = str(env.chord["id"]), int(env.chord["index"])
+        step = Step.from_wire(env.chord["callback"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"a chord member's chord is malformed: {env.chord!r}") from exc
+    callback = Envelope(
+        id=step.id, task=step.task, args=step.args, kwargs=dict(step.kwargs), queue=step.queue,
+        created_ms=created_ms, schema_version=step.version, trace=env.trace,
+        workflow=group_id, header="" if step.immutable else group_id,
+    )  # fmt: skip
+    return Next(callback, group_id, index)
 
 
 def successor(env: Envelope, result: Any, created_ms: int) -> Envelope | None:

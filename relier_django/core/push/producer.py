@@ -82,12 +82,14 @@ def prepare(
     idempotency_key: str | None = None,
     chain: Sequence[workflow.Step] = (),
     group_id: str | None = None,
+    chord: Mapping[str, Any] | None = None,
 ) -> Envelope:
     """Validate the call and build its first envelope (fence 1). Raises ``TypeError``
     for arguments that do not fit the signature or are not JSON-serialisable.
     ``idempotency_key``: this push's own key (a periodic tick's), whatever the task's.
     ``chain``: the steps that follow this task (it is then a workflow's first step).
-    ``group_id``: the group this task is a member of (the workflow's identity)."""
+    ``group_id``: the group this task is a member of (the workflow's identity).
+    ``chord``: a chord header member's place (group id, index, callback step)."""
     arguments.check(spec, args, kwargs)
     idem = idempotency_key
     if idem is None and spec.idempotent:
@@ -97,6 +99,7 @@ def prepare(
         id=task_id,
         workflow=group_id or (task_id if chain else ""),
         chain=workflow.chain_of(chain),
+        chord=dict(chord or {}),
         task=spec.name,
         args=tuple(args),
         kwargs=dict(kwargs),
@@ -134,9 +137,10 @@ class _Push:
         idempotency_key: str | None = None,
         chain: Sequence[workflow.Step] = (),
         group_id: str | None = None,
+        chord: Mapping[str, Any] | None = None,
     ) -> _Push:
         cfg = config.current()
-        env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id)
+        env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id, chord)
         encoded = env.encode(cfg.signer)
         return cls(cfg, spec, env, encoded, KeySpace.of(cfg), when=when)
 
@@ -268,10 +272,12 @@ def push(
     using: str | None = None,
     chain: Sequence[workflow.Step] = (),
     group_id: str | None = None,
+    chord: Mapping[str, Any] | None = None,
 ) -> Receipt:
     """Sync push. See ``RelierTask.push`` and ``RelierTask.push_with`` for the guarantees.
     ``chain``: the steps that follow, each created by the commit of the one before.
-    ``group_id``: the Celery group this push is a member of."""
+    ``group_id``: the Celery group this push is a member of; ``chord``: its place in a
+    chord's header (the commit that completes the header creates the callback)."""
     if bridge.in_running_loop():
         raise RuntimeError(
             f"{spec.name}.push() was called inside a running event loop, where it would "
@@ -279,7 +285,9 @@ def push(
         )
     with tracing.push_span(spec.name):
         # Validation comes first, inside the caller's transaction: bad input raises now.
-        p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key, chain, group_id)
+        p = _Push.begin(
+            spec, args, kwargs, task_id, queue, when, idempotency_key, chain, group_id, chord
+        )
         tracing.annotate(p.env)
         # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).
         hook = _transaction_hook if on_commit else None

@@ -67,6 +67,12 @@ class KeySpace:
         # asks (django.tasks: a TaskResult shows arguments, attempts and times).
         return f"{self.prefix}:tr:{{{task_id}}}"
 
+    def chord(self, group_id: str) -> str:
+        # A chord's state: its header's size ('size', set by the producer), each
+        # member's result ('r:<index>', set by its commit) and 'fired' once the commit
+        # that completed the header created the callback (docs/workflows.md).
+        return f"{self.prefix}:ch:{{{group_id}}}"
+
     def idempotency(self, task_name: str, key: str) -> str:
         # Namespaced by the task's full dotted name: a.process(1) and b.process(1)
         # never share a claim. Hashed so any user string makes a bounded, safe key.
@@ -182,6 +188,7 @@ class KeySpace:
         return (
             self.result("*"),
             self.trail("*"),
+            self.chord("*"),
             f"{self.prefix}:i:*",
             f"{self.prefix}:rl:*",
             f"{self.prefix}:adm:*",
@@ -241,16 +248,19 @@ class KeySpace:
         keep_trail: bool = False,
         successor: str | None = None,
         queue_list: str | None = None,
+        chord: str | None = None,
     ) -> list[str]:
-        """``successor``: the id of the chain step this commit creates (``queue_list``:
-        the broker list its message is pushed to, when the script pushes it)."""
+        """``successor``: the id of the task this commit creates: a chain's next step,
+        or (with ``chord``, the group id) a chord's callback, once the header is
+        complete. ``queue_list``: the broker list its message is pushed to, when the
+        script pushes it."""
         keys = [self.task(task_id), self.history(task_id), self.expiry, self.result(task_id),
                 *self._counted()]  # fmt: skip
         if successor is not None:
             trail = self.trail(task_id) if keep_trail else ""
-            tail = [queue_list] if queue_list else []
+            tail = [self.chord(chord)] if chord else []
             return [*keys, idem_key or "", trail, self.task(successor), self.result(successor),
-                    *tail]  # fmt: skip
+                    queue_list or "", *tail]  # fmt: skip
         if keep_trail:
             return [*keys, idem_key or "", self.trail(task_id)]
         return [*keys, idem_key] if idem_key else keys

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..model.envelope import Envelope
 from ..model.transition import Transition, history_tail, parse_transition
-from ..store import scripts
+from ..store import chords, scripts
 from ..store.keys import KeySpace
 
 
@@ -87,15 +87,20 @@ def handoff(
 
 @dataclass(frozen=True, slots=True)
 class Successor:
-    """The chain step a commit creates: its envelope (fence 1) as stored, its queue's
-    broker message when the script can push it (kombu's Redis transport on the store),
-    the queued grace and its resurrection limit."""
+    """The task a commit creates: a chain's next step, or a chord's callback (once the
+    header is complete: ``chord`` is then the group id, ``index`` the committing
+    member's place and ``result`` its result, JSON). Its envelope (fence 1) as stored,
+    its queue's broker message when the script can push it (kombu's Redis transport on
+    the store), the queued grace and its resurrection limit."""
 
     env: Envelope
     encoded: str
     message: tuple[str, str] | None
     grace_ms: int
     max_resurrections: int
+    chord: str | None = None
+    index: int = 0
+    result: str = "null"
 
 
 def commit(
@@ -117,9 +122,13 @@ def commit(
     nxt, message = successor.env, successor.message
     args += [nxt.id, successor.encoded, nxt.task, nxt.queue, successor.grace_ms,
              successor.max_resurrections, message[1] if message else ""]  # fmt: skip
+    if successor.chord is not None:
+        args += [successor.index, successor.result, chords.KEEP_MS]
     return scripts.ScriptCall(
         scripts.COMMIT,
-        keys.for_commit(env.id, idem, keep_trail, nxt.id, message[0] if message else None),
+        keys.for_commit(
+            env.id, idem, keep_trail, nxt.id, message[0] if message else None, successor.chord
+        ),
         args,
         parse_transition,
     )

@@ -39,7 +39,7 @@ from ..model.failure import Failure, Reason
 from ..model.schema import Call, SchemaMismatch
 from ..model.spec import TaskSpec
 from ..model.transition import Transition
-from ..store import bridge, checkpoint, liveness
+from ..store import bridge, checkpoint, chords, liveness
 from ..store.connection import async_client, sync_client
 from ..store.keys import KeySpace
 from ..store.scripts import ScriptCall
@@ -63,10 +63,14 @@ class _Unrunnable(Exception):
 @dataclass(frozen=True, slots=True)
 class _Commit:
     record: str  # the outcome record, as commit.lua stores it
-    # A chain step's successor (fence 1, the result as its first argument), encoded:
-    # commit.lua creates it with the commit.
-    successor: Envelope | None = None
+    # What the commit creates (a chain's next step, with the result as its first
+    # argument; a chord's callback, once the header is complete), encoded.
+    following: workflow.Next | None = None
     encoded: str = ""
+
+    @property
+    def successor(self) -> Envelope | None:
+        return None if self.following is None else self.following.env
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +191,9 @@ class Runner:
             ).run(client)  # fmt: skip
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 checkpoint.remove_files(self.config.checkpoint_dir, env.id)
-            if done.accepted and action.successor is not None and message is None:
+            if done.accepted and done.value == 1 and message is None:
                 bridge.run(self._publish_successor(action))
+            self._after_commit(env, done, client)
             return self._commit_ended(env, done, result)
         if action is None:
             return _superseded(env)
@@ -316,28 +321,38 @@ class Runner:
         if isinstance(record, Failure):
             return _Dead(record)
         try:
-            nxt = workflow.successor(env, result, int(time.time() * 1000))
-        except ValueError as exc:  # only a faulty producer writes such a chain
-            detail = f"the chain after this step cannot be read: {exc}"
+            nxt = workflow.following(env, result, int(time.time() * 1000))
+        except ValueError as exc:  # only a faulty producer writes such a workflow
+            detail = f"the workflow after this step cannot be read: {exc}"
             return _Dead(
                 Failure(Reason.MALFORMED_MESSAGE, "ValueError", detail, worker=self.worker)
             )
         if nxt is None:
             return _Commit(record)
-        return _Commit(record, nxt, nxt.encode(self.signer))
+        return _Commit(record, nxt, nxt.env.encode(self.signer))
 
     def _successor(
         self, action: _Commit, message: tuple[str, str] | None
     ) -> fencing.Successor | None:
-        nxt = action.successor
-        if nxt is None:
+        following = action.following
+        if following is None:
             return None
+        nxt = following.env
         spec = getattr(self.app.tasks.get(nxt.task), "relier_spec", None)
         limit = getattr(spec, "max_resurrections", None)
         return fencing.Successor(
             nxt, action.encoded, message, int(self.config.queued_grace_s * 1000),
             self.config.max_resurrections if limit is None else limit,
+            following.chord, following.index, outcome.result_json(action.record),
         )  # fmt: skip
+
+    def _after_commit(self, env: Envelope, done: Transition, client: Any) -> None:
+        # A chord's callback committed: its header's results are no longer needed.
+        if env.header and done.accepted:
+            try:
+                chords.forget(client, self.keys, env.header)
+            except Exception:  # kept, then, until it expires (chords.KEEP_MS)
+                logger.warning("could not drop chord %s's state", env.header, exc_info=True)
 
     async def _publish_successor(self, action: _Commit) -> None:
         """Publish a successor the commit stored but could not queue (the broker is not
@@ -367,8 +382,10 @@ class Runner:
             ).arun(self.client)  # fmt: skip
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
-            if done.accepted and action.successor is not None and message is None:
+            if done.accepted and done.value == 1 and message is None:
                 await self._publish_successor(action)
+            if env.header:
+                await asyncio.to_thread(self._after_commit, env, done, sync_client(self.config))
             return self._commit_ended(env, done, result)
         if isinstance(action, _Retry):
             return await self._retry(spec, env, action.error, error)
@@ -413,7 +430,7 @@ class Runner:
             return await asyncio.to_thread(fn, *args, **call.kwargs)
 
     async def _arguments(self, spec: TaskSpec, env: Envelope) -> Call:
-        if env.schema_version == spec.schema.version:
+        if env.schema_version == spec.schema.version and not env.header:
             return self._upgrade(spec, env)
         # A migration may read a database: off the loop, like a plain def task.
         return await asyncio.to_thread(self._upgrade, spec, env)
@@ -422,8 +439,18 @@ class Runner:
         """The envelope's arguments, migrated to this worker's schema in memory (the
         stored envelope keeps the producer's version, so any worker can replay it)."""
         schema = spec.schema
+        args = env.args
+        if env.header:  # a chord's callback: its header's results come first
+            try:
+                results = chords.header_results(sync_client(self.config), self.keys, env.header)
+            except chords.HeaderMissing as exc:
+                failure = Failure(
+                    Reason.EXCEPTION, "ChordHeaderMissing", str(exc), worker=self.worker
+                )
+                raise _Unrunnable(failure) from exc
+            args = (results, *args)
         try:
-            call = schema.upgrade(spec.name, env.schema_version, env.args, env.kwargs)
+            call = schema.upgrade(spec.name, env.schema_version, args, env.kwargs)
             schema.fit(spec.name, spec.user_signature(), call)
         except SchemaMismatch as exc:
             failure = Failure(

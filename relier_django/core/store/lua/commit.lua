@@ -14,20 +14,31 @@
 -- ARGV[2]  fence of the committing incarnation
 -- ARGV[3]  outcome record, JSON, as receipts read it; it names the committing fence
 -- ARGV[4]  result TTL, ms
--- A workflow step's commit also creates the next step (G1 across a chain: no moment when
--- a step is done and its successor does not exist), given:
+-- A workflow step's commit also creates the task that follows it (G1 across a workflow:
+-- no moment when a step is done and its successor does not exist), given:
 -- KEYS[9]  the successor's task hash   KEYS[10] the successor's result key
--- KEYS[11] the broker's queue list (only with ARGV[11])
+-- KEYS[11] the broker's queue list ('' without ARGV[11])
 --          (KEYS[7] and KEYS[8] are then '' when unused)
+-- KEYS[12] a chord member's commit: the chord's state hash (keys.chord)
 -- ARGV[5]  successor id   ARGV[6] its envelope (fence 1)   ARGV[7] its task name
 -- ARGV[8]  its queue   ARGV[9] queued grace, ms   ARGV[10] its max resurrections
 -- ARGV[11] '' or its broker message, as kombu's Redis transport would LPUSH it (the
 --          caller publishes when ''; the queued grace covers a publish that is lost)
+-- ARGV[12] with KEYS[12]: this member's index in the header; ARGV[13] its result, JSON;
+--          ARGV[14] how long the chord's state is kept, ms
+-- A chain's successor (no KEYS[12]) is always created. A chord's callback is created by
+-- the commit that completes the header: this member's result is recorded under its
+-- index (once: a member commits once, whatever its redeliveries), and when the header
+-- size is known ('size', written by the producer before the last member is pushed) and
+-- every member's result is in, the first such commit creates it ('fired': its task id).
 -- The successor is stored queued, fence 1, in the expiry index, as push.lua stores a
 -- task; once only: a successor id that already has a task or a result is left alone.
--- RETURNS  {1, 0}              committed (also to a replay of this call after a lost
+-- RETURNS  {1, created}        committed (also to a replay of this call after a lost
 --                              reply: the task is gone and its result is this record,
---                              which only this fence's one running copy can write)
+--                              which only this fence's one running copy can write);
+--                              created: 1 when this call created a successor, else 0
+--                              (a replay reads it back: the successor, or 'fired'
+--                              naming this member, is there)
 --          {0, current_fence}  rejected: the fence moved (-1: the task is gone); no
 --                              successor is created
 -- Counts: 'committed' and the minute's and hour's 'ok' once per task; 'stale' per refused
@@ -37,7 +48,14 @@ local id = ARGV[1]
 local fields = redis.call('HMGET', KEYS[1], 'fence', 'state')
 if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
   if not fields[1] and redis.call('GET', KEYS[4]) == ARGV[3] then
-    return {1, 0}
+    -- A replay: whether the first call created the successor is still readable.
+    local created = 0
+    if ARGV[5] and KEYS[12] then
+      created = redis.call('HGET', KEYS[12], 'fired') == id and 1 or 0
+    elseif ARGV[5] then
+      created = (redis.call('EXISTS', KEYS[9]) + redis.call('EXISTS', KEYS[10]) > 0) and 1 or 0
+    end
+    return {1, created}
   end
   metric_count(KEYS[5], 'stale')
   return {0, tonumber(fields[1]) or -1}
@@ -61,6 +79,20 @@ else
 end
 redis.call('ZREM', KEYS[3], id)
 local next_id = ARGV[5]
+local created = 0
+if next_id and KEYS[12] then
+  local chord = KEYS[12]
+  redis.call('HSET', chord, 'r:' .. ARGV[12], ARGV[13])
+  redis.call('PEXPIRE', chord, tonumber(ARGV[14]))
+  local meta = redis.call('HMGET', chord, 'size', 'fired')
+  local size = tonumber(meta[1] or '')
+  local results = redis.call('HLEN', chord) - 1 - (meta[2] and 1 or 0)
+  if size and results >= size and not meta[2] then
+    redis.call('HSET', chord, 'fired', id)  -- by this member: a replay reads it back
+  else
+    next_id = nil  -- the header is not complete yet (or another commit completed it)
+  end
+end
 if next_id and redis.call('EXISTS', KEYS[9]) == 0 and redis.call('EXISTS', KEYS[10]) == 0 then
   redis.call('HSET', KEYS[9],
     'env', ARGV[6], 'fence', 1, 'state', 'queued', 'attempt', 1, 'res', 0, 'name', ARGV[7],
@@ -70,9 +102,10 @@ if next_id and redis.call('EXISTS', KEYS[9]) == 0 and redis.call('EXISTS', KEYS[
     redis.call('LPUSH', KEYS[11], ARGV[11])
   end
   metric_count(KEYS[5], 'pushed')
+  created = 1
 end
 metric_count(KEYS[5], 'committed')
 if KEYS[6] ~= '' then
   metric_window(KEYS[6], now_ms, 'ok', 1)
 end
-return {1, 0}
+return {1, created}

@@ -1,0 +1,93 @@
+"""Chords with relier's guarantees (docs/workflows.md): Celery's ``chord(header)(body)``
+over ``@rl_task`` signatures, with relier's result backend (Celery asks a backend to
+start a chord). Each member's commit records its result in the chord's state under its
+index, once; the commit that completes the header creates the callback in the same
+script, exactly once; the callback gets the header's results, in header order."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from celery import chord
+
+import relier_django
+from relier_django import dlq
+from relier_django.core.store.keys import KeySpace
+from testproject.celery import app
+from testproject.demo import tasks
+from testproject.harness import wait_until
+from tests.leaks import assert_no_leaked_keys
+
+KEYS = KeySpace("rl")
+BACKEND = "relier_django.results:RelierBackend"
+
+
+@pytest.fixture
+def relier_backend() -> Iterator[None]:
+    """This process's Celery app with relier's result backend (no fallback needed: an
+    @rl_task chord is relier's own)."""
+    before = app.conf.result_backend
+
+    def use(name):
+        app.conf.result_backend = name
+        app._backend_cache = None  # Celery keeps the backend built: drop it
+        vars(app._local).pop("backend", None)
+
+    use(BACKEND)
+    try:
+        yield
+    finally:
+        use(before)
+
+
+def received(client, task_id: str) -> list:
+    return [json.loads(x) for x in client.lrange(f"demo:step-x:{task_id}", 0, -1)]
+
+
+def runs(client, task_id: str) -> int:
+    return int(client.llen(f"demo:exec:step:{task_id}"))
+
+
+def test_a_chord_runs_its_callback_once_with_every_header_result_in_order(
+    relier_backend, worker, redis_client
+):
+    header = [tasks.step_add.s(i, 10, sleep_s=0.05 * (5 - i)) for i in range(5)]
+    result = chord(header)(tasks.step_sum.s(1000))
+    assert relier_django.result(result.id).get(timeout=30) == 1000 + sum(range(10, 15))
+    # The header's results in header order, whatever order the members finished in.
+    assert received(redis_client, result.id) == [[10, 11, 12, 13, 14]]
+    assert runs(redis_client, result.id) == 1
+    assert_no_leaked_keys(redis_client)
+    assert not redis_client.exists(KEYS.chord(result.parent.id))  # dropped after the callback
+
+
+def test_the_callback_exists_only_once_the_header_is_complete(relier_backend, redis_client):
+    # No worker: the members are stored and queued; the callback does not exist yet.
+    result = chord([tasks.step_add.s(1, 1), tasks.step_add.s(2, 2)])(tasks.step_sum.s(0))
+    assert not redis_client.exists(KEYS.task(result.id))
+    assert redis_client.hget(KEYS.chord(result.parent.id), "size") == b"2"
+
+
+def test_a_dead_lettered_member_holds_the_callback_until_it_is_released(
+    relier_backend, worker, redis_client
+):
+    redis_client.set("demo:broken:7", 1)
+    header = [tasks.step_add.s(1, 1), tasks.step_add.s(1, 7), tasks.step_add.s(1, 2)]
+    result = chord(header)(tasks.step_sum.s(0))
+    broken = result.parent.results[1].id
+    entry = wait_until(lambda: dlq.store().get(broken), 30, what="the broken member in the DLQ")
+    assert entry.envelope["chord"]["id"] == result.parent.id
+    assert not redis_client.exists(KEYS.task(result.id))  # the callback waits
+    redis_client.delete("demo:broken:7")
+    dlq.release_entry(broken)
+    assert relier_django.result(result.id).get(timeout=30) == 2 + 8 + 3
+    assert runs(redis_client, result.id) == 1
+
+
+def test_a_chain_inside_a_chords_header_is_refused(relier_backend, redis_client):
+    from celery import chain
+
+    with pytest.raises(TypeError, match="not supported yet"):
+        chord([chain(tasks.step_add.s(1, 1), tasks.step_add.s(1))])(tasks.step_sum.s(0))
