@@ -5,6 +5,7 @@ Public API::
     from relier_django import rl_task, TaskContext, Receipt, TaskFailed, lock
     from relier_django import result, aresult  # a receipt for a task id pushed elsewhere
     from relier_django import cancel, acancel  # take a task back, or fence off its run
+    from relier_django import workflow  # a chain's, group's or chord's state, by its id
 
 Celery's result backend over relier's store: ``relier_django.results:RelierBackend``.
 """
@@ -23,8 +24,10 @@ from .core.model.errors import (
     TaskLost,
 )
 from .core.store import cancel as _cancel
+from .core.store import workflows as _workflows
 from .core.store.cancel import Cancelled
 from .core.store.receipt import DispatchState, NotDispatched, Receipt, aresult, result
+from .core.store.workflows import WorkflowView
 from .core.task import RelierTask, rl_task
 from .core.worker.context import TaskContext
 
@@ -45,12 +48,14 @@ __all__ = [
     "TaskContext",
     "TaskFailed",
     "TaskLost",
+    "WorkflowView",
     "acancel",
     "aresult",
     "cancel",
     "lock",
     "result",
     "rl_task",
+    "workflow",
 ]
 __version__ = "0.1.0.dev0"
 
@@ -66,3 +71,12 @@ def cancel(task_id: str) -> Cancelled:
 async def acancel(task_id: str) -> Cancelled:
     """Async twin of :func:`cancel`."""
     return await _cancel.acancel(_config.current(), task_id)
+
+
+def workflow(workflow_id: str) -> WorkflowView | None:
+    """A workflow's state by its id: a chain's first step's id (``chain(...)
+    .apply_async()``'s result: follow ``.parent`` to the first), a group's or a
+    chord's group id (``result.id`` of a group, ``result.parent.id`` of a chord).
+    Each task with its Celery state; ``done``, ``pending``, ``failed`` and ``state``.
+    None when no record is kept (never a workflow, or older than 7 days)."""
+    return _workflows.read(_config.current(), workflow_id)

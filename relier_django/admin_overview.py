@@ -30,10 +30,11 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from redis.exceptions import RedisError
 
-from . import dlq, metrics, scheduled
+from . import conf, dlq, metrics, scheduled
 from .admin_charts import hh_mm, svg_bars, svg_lines
 from .core.observe.figures import Figures, Histogram, Minute
 from .core.observe.live import Task
+from .core.store import workflows
 from .dlq_render import utc_text
 
 logger = logging.getLogger(__name__)
@@ -167,6 +168,30 @@ def page_context(
     }
 
 
+WORKFLOW_LIMIT = 10
+
+
+def workflow_rows(model_admin: ModelAdmin) -> list[dict[str, Any]]:
+    """The newest workflows (chains, groups, chords), each with its state and counts;
+    a task of one that is in the DLQ links to its entry."""
+    cfg = conf.get_config()
+    rows = []
+    for workflow_id in workflows.recent(cfg, WORKFLOW_LIMIT):
+        view = workflows.read(cfg, workflow_id)
+        if view is None:  # its record expired; the index forgets it later
+            continue
+        failed = [(s.task_id, page_url(model_admin, "detail", s.task_id)) for s in view.failed]
+        rows.append(
+            {
+                "view": view,
+                "created": utc_text(view.created_ms),
+                "total": len(view.steps),
+                "failed": failed,
+            }
+        )
+    return rows
+
+
 def _periodic_rows(model_admin: ModelAdmin, view: scheduled.Periodic) -> list[dict[str, Any]]:
     """Each periodic entry; a last tick that failed links to its DLQ entry while the
     DLQ holds it (a tick's task id is its entry id)."""
@@ -256,6 +281,8 @@ def overview(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
         **_figures(found, functools.partial(page_url, model_admin, "task")),
         "periodic": _periodic_rows(model_admin, periodic),
         "outbox": sorted(metrics.outbox_backlog().items()),
+        "workflows": workflow_rows(model_admin),
+        "workflow_limit": WORKFLOW_LIMIT,
         "not_fired": periodic.not_fired,
     }
     return TemplateResponse(request, TEMPLATE, page_context(request, model_admin, **extra))

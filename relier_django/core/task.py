@@ -141,7 +141,7 @@ class RelierTask(Task):
             chord = {"id": chosen.get("group_id"), "index": index, "callback": callback.wire()}
         return producer.push(
             self.relier_spec, self.app, tuple(args or ()), dict(kwargs or {}), when=when,
-            chain=steps, chord=chord, **chosen,
+            chain=steps, chord=chord, position=index, **chosen,
         )  # fmt: skip
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

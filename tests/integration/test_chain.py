@@ -138,3 +138,31 @@ def _results(last):
     while node is not None:
         yield node
         node = node.parent
+
+
+def test_a_workflow_is_readable_by_its_id_step_by_step(worker, redis_client):
+    add = tasks.step_add
+    redis_client.set("demo:broken:3", 1)
+    last = chain(add.s(1, 2), add.s(3), add.s(4)).apply_async()
+    first, middle, _ = [r.id for r in reversed(list(_results(last)))]
+    wait_until(lambda: dlq.store().get(middle), 30, what="the broken step in the DLQ")
+    view = relier_django.workflow(first)
+    assert view is not None and view.kind == "chain"
+    assert [s.task_id for s in view.steps] == [first, middle, last.id]
+    assert [s.status.state for s in view.steps] == ["SUCCESS", "FAILURE", "PENDING"]
+    assert (view.state, len(view.done), len(view.failed), len(view.pending)) == ("FAILURE", 1, 1, 1)
+    redis_client.delete("demo:broken:3")
+    dlq.release_entry(middle)
+    relier_django.result(last.id).get(timeout=30)
+    view = relier_django.workflow(first)
+    assert view is not None and view.state == "SUCCESS" and len(view.done) == 3
+
+
+def test_a_groups_members_are_readable_under_the_group_id(worker, redis_client):
+    result = group(tasks.step_add.s(i, 1) for i in range(3)).apply_async()
+    for r in result.results:
+        relier_django.result(r.id).get(timeout=30)
+    view = relier_django.workflow(result.id)
+    assert view is not None and view.kind == "group" and view.state == "SUCCESS"
+    assert [s.task_id for s in view.steps] == [r.id for r in result.results]
+    assert relier_django.workflow("no-such-workflow") is None

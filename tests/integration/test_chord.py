@@ -91,3 +91,14 @@ def test_a_chain_inside_a_chords_header_is_refused(relier_backend, redis_client)
 
     with pytest.raises(TypeError, match="not supported yet"):
         chord([chain(tasks.step_add.s(1, 1), tasks.step_add.s(1))])(tasks.step_sum.s(0))
+
+
+def test_a_chord_is_readable_under_its_group_id_with_its_callback(
+    relier_backend, worker, redis_client
+):
+    result = chord([tasks.step_add.s(i, 1) for i in range(3)])(tasks.step_sum.s(0))
+    relier_django.result(result.id).get(timeout=30)
+    view = relier_django.workflow(result.parent.id)
+    assert view is not None and view.kind == "chord" and view.state == "SUCCESS"
+    assert [s.position for s in view.steps] == [0, 1, 2, None]  # None: the callback
+    assert view.steps[-1].task_id == result.id

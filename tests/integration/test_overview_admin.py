@@ -215,3 +215,21 @@ def test_redis_down_is_a_readable_503_page(client, login, redis_client, monkeypa
     assert f"Relier cannot reach Redis at <code>{url}</code>" in text
     assert "What to check" in text and "ConnectionError" in text
     assert "Traceback" not in text and 'id="site-name"' in text  # inside the admin's look
+
+
+def test_the_overview_lists_the_newest_workflows_with_their_state(
+    client, login, redis_client, django_capture_on_commit_callbacks
+):
+    from celery import chain
+
+    login("view_dlq")
+    add = tasks.step_add
+    with django_capture_on_commit_callbacks(execute=True):  # the test's transaction
+        last = chain(add.s(1, 2), add.s(3), add.s(4)).apply_async()  # no worker: pending
+    first = last.parent.parent.id
+    page = client.get(reverse(OVERVIEW)).content.decode()
+    rows = re.findall(r'<tr class="workflow-row">(.*?)</tr>', page, re.S)
+    assert len(rows) == 1 and f"<code>{first}</code>" in rows[0]
+    assert '<td class="field-kind">chain</td>' in rows[0]
+    assert '<td class="field-state">PENDING</td>' in rows[0]
+    assert '<td class="field-done">0 / 3</td>' in rows[0]

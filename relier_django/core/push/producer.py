@@ -30,7 +30,7 @@ from ..model.errors import AdmissionRejected, DuplicateTaskId
 from ..model.idem_key import derive_key
 from ..model.spec import TaskSpec
 from ..model.timing import NOW, Timing
-from ..store import bridge
+from ..store import bridge, workflows
 from ..store.connection import async_client, sync_client
 from ..store.keys import KeySpace
 from ..store.receipt import Receipt
@@ -124,6 +124,9 @@ class _Push:
     # client retry, an on-commit retry) reuses it.
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     when: Timing = NOW  # countdown / eta / expires: stored to wait in the schedule index
+    # A workflow's record (the tasks it names), written when this push is sent, so a
+    # rolled-back transaction leaves none.
+    record: workflows.Record | None = None
 
     @classmethod
     def begin(
@@ -138,11 +141,13 @@ class _Push:
         chain: Sequence[workflow.Step] = (),
         group_id: str | None = None,
         chord: Mapping[str, Any] | None = None,
+        position: int | None = None,
     ) -> _Push:
         cfg = config.current()
         env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id, chord)
         encoded = env.encode(cfg.signer)
-        return cls(cfg, spec, env, encoded, KeySpace.of(cfg), when=when)
+        record = _record_of(env, position)
+        return cls(cfg, spec, env, encoded, KeySpace.of(cfg), when=when, record=record)
 
     def store(self, message: tuple[str, str] | None) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
@@ -204,6 +209,8 @@ class _Push:
             if self.when.delayed
             else publish.message_for_store(app, self.env, self.encoded, client)
         )
+        if self.record is not None:
+            self.record.run(client, self.keys)
         stored = self.store(message).run(client)
         if (dup := self.duplicate(stored)) is not None:
             return dup
@@ -220,6 +227,8 @@ class _Push:
         message = None
         if not self.when.delayed:
             message = await publish.amessage_for_store(app, self.env, self.encoded, client)
+        if self.record is not None:
+            await self.record.arun(client, self.keys)
         stored = await self.store(message).arun(client)
         if (dup := self.duplicate(stored)) is not None:
             return dup
@@ -258,6 +267,24 @@ class _Push:
         return receipt
 
 
+def _record_of(env: Envelope, position: int | None) -> workflows.Record | None:
+    """What this push adds to its workflow's record (None: it is in no workflow)."""
+    if env.chord:
+        callback = env.chord["callback"]
+        return workflows.Record(
+            str(env.chord["id"]), "chord", env.created_ms,
+            [(int(env.chord["index"]), env.id, env.task)], (callback["id"], callback["task"]),
+        )  # fmt: skip
+    if env.workflow and env.workflow != env.id:  # a group's member (or a chain in one)
+        return workflows.Record(
+            env.workflow, "group", env.created_ms, [(position or 0, env.id, env.task)]
+        )
+    if env.chain:
+        later = [(i, step["id"], step["task"]) for i, step in enumerate(env.chain, start=1)]
+        return workflows.Record(env.id, "chain", env.created_ms, [(0, env.id, env.task), *later])
+    return None
+
+
 def push(
     spec: TaskSpec,
     app: Any,
@@ -273,11 +300,13 @@ def push(
     chain: Sequence[workflow.Step] = (),
     group_id: str | None = None,
     chord: Mapping[str, Any] | None = None,
+    position: int | None = None,
 ) -> Receipt:
     """Sync push. See ``RelierTask.push`` and ``RelierTask.push_with`` for the guarantees.
     ``chain``: the steps that follow, each created by the commit of the one before.
     ``group_id``: the Celery group this push is a member of; ``chord``: its place in a
-    chord's header (the commit that completes the header creates the callback)."""
+    chord's header (the commit that completes the header creates the callback);
+    ``position``: its place in the group (for the workflow's record)."""
     if bridge.in_running_loop():
         raise RuntimeError(
             f"{spec.name}.push() was called inside a running event loop, where it would "
@@ -286,8 +315,9 @@ def push(
     with tracing.push_span(spec.name):
         # Validation comes first, inside the caller's transaction: bad input raises now.
         p = _Push.begin(
-            spec, args, kwargs, task_id, queue, when, idempotency_key, chain, group_id, chord
-        )
+            spec, args, kwargs, task_id, queue, when, idempotency_key, chain, group_id, chord,
+            position,
+        )  # fmt: skip
         tracing.annotate(p.env)
         # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).
         hook = _transaction_hook if on_commit else None

@@ -73,6 +73,15 @@ class KeySpace:
         # that completed the header created the callback (docs/workflows.md).
         return f"{self.prefix}:ch:{{{group_id}}}"
 
+    def workflow(self, workflow_id: str) -> str:
+        # A workflow's record: its kind and the tasks that make it up (store/workflows.py).
+        return f"{self.prefix}:wf:{{{workflow_id}}}"
+
+    @property
+    def workflows(self) -> str:
+        # The newest workflows by creation time (ms), for the admin's overview.
+        return f"{self.prefix}:wfs"
+
     def idempotency(self, task_name: str, key: str) -> str:
         # Namespaced by the task's full dotted name: a.process(1) and b.process(1)
         # never share a claim. Hashed so any user string makes a bounded, safe key.
@@ -189,6 +198,7 @@ class KeySpace:
             self.result("*"),
             self.trail("*"),
             self.chord("*"),
+            self.workflow("*"),
             f"{self.prefix}:i:*",
             f"{self.prefix}:rl:*",
             f"{self.prefix}:adm:*",
@@ -206,6 +216,7 @@ class KeySpace:
             self.schedule_wake,
             self.lock("*"), self.lock_token("*"),
             self.metrics_counters, self.metrics_windows, self.workers, self.holders,
+            self.workflows,  # trimmed to the newest LISTED; each record expires
         )  # fmt: skip
 
     # -- KEYS for each script, in the order of its header -------------------------
