@@ -13,6 +13,7 @@ from bench import (
     resurrector_pass,
     scheduling,
     throughput,
+    workflows,
 )
 
 # name -> (entry point, its command-line arguments)
@@ -24,6 +25,7 @@ BENCHMARKS = {
     "throughput": (throughput.main, []),  # no-op and 10 ms tasks vs vanilla / acks_late
     "resurrector_pass": (resurrector_pass.main, []),  # 1,000 expired of 100,000
     "scheduling": (scheduling.main, []),  # 10,000 countdowns over 1-60 s vs Celery's ETA
+    "workflows": (workflows.main, []),  # a chain step's cost over a plain push
 }
 
 if __name__ == "__main__":

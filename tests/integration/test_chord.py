@@ -102,3 +102,18 @@ def test_a_chord_is_readable_under_its_group_id_with_its_callback(
     assert view is not None and view.kind == "chord" and view.state == "SUCCESS"
     assert [s.position for s in view.steps] == [0, 1, 2, None]  # None: the callback
     assert view.steps[-1].task_id == result.id
+
+
+def test_celery_always_eager_runs_the_whole_chord_here_and_relier_eager_refuses_it(
+    relier_backend, settings, redis_client
+):
+    header = [tasks.step_add.s(i, 1) for i in range(3)]
+    app.conf.task_always_eager = True
+    try:
+        result = chord(header)(tasks.step_sum.s(100))
+        assert result.get() == 106  # Celery's own eager chord: every task's apply()
+    finally:
+        app.conf.task_always_eager = False
+    settings.RELIER = {**settings.RELIER, "EAGER": True}
+    with pytest.raises(TypeError, match="CELERY_TASK_ALWAYS_EAGER"):
+        chord(header)(tasks.step_sum.s(100))

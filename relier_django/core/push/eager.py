@@ -215,6 +215,7 @@ def divert(
     chosen = mode(app, cfg)
     if not chosen.eager:
         return None
+    _refuse_chord(env)
     receipt = EagerReceipt.deferred(env.id, cfg)
     assert isinstance(receipt, EagerReceipt)
     run = functools.partial(_at_commit, spec, app, env, receipt, chosen.propagates)
@@ -231,6 +232,7 @@ async def adivert(
     loop, a plain ``def`` one runs in a thread (as on a worker), so the loop is free."""
     if _interceptors or not (chosen := mode(app, cfg)).eager:
         return divert(spec, app, env, cfg, hook, using)
+    _refuse_chord(env)
     receipt = EagerReceipt.deferred(env.id, cfg)
     assert isinstance(receipt, EagerReceipt)
     run = functools.partial(_at_commit, spec, app, env, receipt, chosen.propagates)
@@ -301,6 +303,15 @@ def deliver(
         if _succeeded(spec, env, receipt, attempt, value):
             _next_step(app, env, receipt, propagates, value)
         return receipt
+
+
+def _refuse_chord(env: Envelope) -> None:
+    if env.chord:
+        raise TypeError(
+            f"{env.task}: a chord member cannot run in RELIER['EAGER'] mode (its callback "
+            "waits for a header kept in Redis); set CELERY_TASK_ALWAYS_EAGER instead, under "
+            "which Celery runs the whole chord in this process"
+        )
 
 
 def _next_step(
