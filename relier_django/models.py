@@ -1,9 +1,12 @@
-"""The admin's handle on the dead-letter queue: a model with no table.
+"""relier_django's models: the DLQ admin's handle, and the two tables that make the
+database a party to exactly-once (docs/transactions.md).
 
 The DLQ lives in Redis, not in the database. Django's admin and permission system are
 built around models, so (as django-rq does) one unmanaged model gives the DLQ admin a
 place in the admin index and carries its two permissions; ``migrate`` records the model
-and creates the permissions, never a table.
+and creates the permissions, never a table for it. ``OutboxEntry`` (pushes written in
+the producer's transaction) and ``InboxEntry`` (a task's database work, recorded with
+the work) are real tables, in every database a push waits for or a task writes to.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 from relier_django.core.broker.marker import MARKER_HEADER
 from relier_django.transport import Transport
 from testproject.demo import tasks
-from testproject.harness import RedisServer, make_tls_files
+from testproject.harness import RedisServer, make_tls_files, redis_server
 
 QUEUE = Queue("tq", Exchange("tq", type="direct"), routing_key="tq")
 
@@ -156,3 +156,26 @@ def test_the_recovery_queue_is_asked_first_whatever_the_other_queues_hold(connec
         while len(got) < 2:
             connection.drain_events(timeout=5)
     assert got[0] == "resurrected"
+
+
+def test_a_connection_lost_with_messages_in_hand_is_closed_without_an_error(tmp_path, caplog):
+    """A Redis restart while the consumer holds delivered messages: Celery's consumer
+    closes the dead connection, and kombu's restore then cannot open one. Before, the
+    error escaped and stopped the worker's consumer for good (CI caught a worker that
+    never consumed again after a restart); now it is logged, and nothing is lost: the
+    relier message's task is in the store, kombu's copy in its unacked hash."""
+    with redis_server(tmp_path / "redis") as server:
+        conn = Connection(server.url, transport=Transport)
+        _publish(conn, "plain", relier=False)
+        _publish(conn, "ours", relier=True)
+        got = _receive(conn, 2)
+        client = server.client()
+        assert client.hlen("unacked") == 1  # kombu's copy of the plain one
+        server.kill()
+        with caplog.at_level("WARNING", logger="relier_django.transport"):
+            conn.release()  # what the consumer does with a dead connection
+        server.restart()
+        assert len(got) == 2
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert "could not put 1 relier_django message(s) back" in said
+        assert server.client().hlen("unacked") == 1  # kombu restores it after its timeout

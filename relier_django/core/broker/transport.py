@@ -70,16 +70,35 @@ class QoS(kombu_redis.QoS):
         super().reject(delivery_tag, requeue=requeue)
 
     def restore_unacked(self, client: Any = None) -> None:
-        """At shutdown: every message delivered and not acked back to its queue."""
+        """At shutdown, or when the broker connection is lost: every message delivered
+        and not acked back to its queue.
+
+        Never raises. The consumer calls this while closing a connection that may be
+        gone already (a Redis restart), and kombu then fails to open one; an error
+        here would stop the consumer for good, and nothing is lost by going on: a
+        relier_django message's task is in the store (re-dispatched once its holder's
+        heartbeat or the queued grace runs out), and kombu keeps its own messages'
+        copies in its unacked hash, restored after the visibility timeout."""
         mine = [m for tag, m in self._delivered.items() if tag in self._in_memory]
         for tag in [t for t in self._delivered if t in self._in_memory]:
             del self._delivered[tag]
         self._in_memory.clear()
-        try:
-            if mine:
-                self._requeue(mine, leftmost=False, client=client)
-        finally:
-            super().restore_unacked(client)  # the rest, from kombu's unacked hash
+        for what, restore in (
+            ("relier_django", lambda: self._requeue(mine, leftmost=False, client=client)),
+            ("kombu's own", lambda: super(QoS, self).restore_unacked(client)),
+        ):
+            count = len(mine) if what == "relier_django" else len(self._delivered)
+            if not count:
+                continue
+            try:
+                restore()
+            except Exception as exc:
+                logger.warning(
+                    "could not put %d %s message(s) back in their queues (%s: %s); "
+                    "they are restored without it (see QoS.restore_unacked)",
+                    count, what, type(exc).__name__, exc,
+                )  # fmt: skip
+        self._delivered.clear()
 
     def _requeue(self, messages: list[Any], leftmost: bool, client: Any = None) -> None:
         # kombu's own restore (same side of the list, same redelivered flag), from the
