@@ -129,12 +129,13 @@ def read_journal(directory: Path) -> list[Execution]:
 
 # -- the logs ------------------------------------------------------------------------------
 _LOG_PATTERNS = {
-    "committed": re.compile(r"committed task_id=(\w+) fence=(\d+)"),
-    "stale_commit": re.compile(r"stale commit rejected task_id=(\w+) fence=(\d+)"),
-    "cancelled": re.compile(r"incarnation cancelled: superseded task_id=(\w+) fence=(\d+)"),
-    "gave_up": re.compile(r"incarnation gave up: superseded task_id=(\w+) fence=(\d+)"),
-    "refused": re.compile(r"message refused task_id=(\w+) fence=(\d+) reason=(\w+)"),
-    "stale_dead_letter": re.compile(r"stale dead-letter rejected task_id=(\w+) fence=(\d+)"),
+    # Task ids are relier's hex uuids, or Celery's dashed ones (a workflow's later steps).
+    "committed": re.compile(r"committed task_id=([\w-]+) fence=(\d+)"),
+    "stale_commit": re.compile(r"stale commit rejected task_id=([\w-]+) fence=(\d+)"),
+    "cancelled": re.compile(r"incarnation cancelled: superseded task_id=([\w-]+) fence=(\d+)"),
+    "gave_up": re.compile(r"incarnation gave up: superseded task_id=([\w-]+) fence=(\d+)"),
+    "refused": re.compile(r"message refused task_id=([\w-]+) fence=(\d+) reason=(\w+)"),
+    "stale_dead_letter": re.compile(r"stale dead-letter rejected task_id=([\w-]+) fence=(\d+)"),
     "dead_lettered": re.compile(r"dead-lettered task_id=(\S+) reason=(\w+)"),
     # A scanner's verdict on a holder whose liveness connection left (recovery/deaths.py):
     # the worker id ends in the process's pid.

@@ -36,7 +36,7 @@ class Scenario:
 
 
 def _all() -> dict[str, Scenario]:
-    from . import kills, load, messages, network, periodic, redis_faults, scheduling
+    from . import kills, load, messages, network, periodic, redis_faults, scheduling, workflows
 
     ordered = [
         kills.WORKER_KILL,
@@ -52,6 +52,7 @@ def _all() -> dict[str, Scenario]:
         scheduling.SCHEDULED_KILLS,
         scheduling.SCHEDULED_REDIS_RESTART,
         periodic.PERIODIC_LEADER_KILL,
+        workflows.WORKFLOWS,
     ]
     return {s.name: s for s in ordered}
 

@@ -36,31 +36,39 @@ def _paced_workload(run: Run) -> None:
 
 
 # -- redis-restart ----------------------------------------------------------------------------
-def _fsync_always(server: Any) -> None:
+def fsync_always(server: Any) -> None:
     with server.client() as client:
         client.config_set("appendfsync", "always")
 
 
-def redis_restart(run: Run) -> None:
-    run.start()
-    server = run.cluster.redis
-    assert server is not None
-    _fsync_always(server)
-    _paced_workload(run)
+def kill_and_restart_from_aof(run: Run, server: Any, what: str) -> tuple[int, int]:
+    """kill -9 of ``server``, restarted a second later on the same port and directory
+    (it loads its append-only file), each step a fault of ``run``; the keys just before
+    the kill and just after the restart."""
     pid = server.pid
     with server.client() as client:
         before = int(client.dbsize())
     server.kill()
-    run.fault(f"kill -9 redis-server {pid} mid-workload ({before} keys)")
+    run.fault(f"kill -9 redis-server {pid} {what} ({before} keys)")
     time.sleep(1.0)
-    server.start()  # the same port and directory: it loads its append-only file
-    _fsync_always(server)
+    server.start()
+    fsync_always(server)
     with server.client() as client:
         after = int(client.dbsize())
     run.fault(
         f"redis-server restarted on :{server.port} from its AOF ({after} keys loaded)",
         interrupts=False,
     )
+    return before, after
+
+
+def redis_restart(run: Run) -> None:
+    run.start()
+    server = run.cluster.redis
+    assert server is not None
+    fsync_always(server)
+    _paced_workload(run)
+    before, after = kill_and_restart_from_aof(run, server, "mid-workload")
     log = server.directory / "redis.log"
 
     def verify(ev: Evidence) -> list[Check]:

@@ -22,7 +22,7 @@ from ..report import percentile
 from ..runner import Item, Options, Run
 from . import Scenario
 from .common import kill_worker
-from .redis_faults import PUBLISH_RETRY, QUEUED_GRACE_S, _fsync_always
+from .redis_faults import PUBLISH_RETRY, QUEUED_GRACE_S, fsync_always
 
 WORK_S = (0.1, 0.4)
 # A leader killed between schedule_take.lua and schedule_sent.lua leaves its lease to
@@ -206,7 +206,7 @@ def scheduled_redis_restart(run: Run) -> None:
     run.start()
     server = run.cluster.redis
     assert server is not None
-    _fsync_always(server)
+    fsync_always(server)
     asked = push_scheduled(run)
     time.sleep(_horizon_s(run.opts) * 0.25)  # some ran; most still wait in the index
     waiting = set(run.client.zrange(KEYS.schedule, 0, -1))
@@ -215,7 +215,7 @@ def scheduled_redis_restart(run: Run) -> None:
     run.fault(f"kill -9 redis-server {pid} with {len(waiting)} task(s) in the schedule index")
     time.sleep(1.0)
     server.start()  # the same port and directory: it loads its append-only file
-    _fsync_always(server)
+    fsync_always(server)
     reloaded = set(run.client.zrange(KEYS.schedule, 0, -1))
     run.fault(
         f"redis-server restarted on :{server.port} from its AOF ({len(reloaded)} task(s) "

@@ -647,3 +647,38 @@ def step_sum(ctx: TaskContext, values: list[int], start: int = 0) -> int:
     _record(f"step:{ctx.task_id}", ctx)
     _redis().rpush(f"demo:step-x:{ctx.task_id}", json.dumps(values))
     return start + sum(values)
+
+
+# --- Celery's own canvas, the contender of the chaos runner's workflows scenario --------
+# Plain Celery tasks run as a careful Celery user runs them: acknowledged after the run
+# (acks_late), given back when their pool process dies (reject_on_worker_lost), results
+# kept (a chord needs its members' results). Each run is recorded as demo.step_add
+# records its own: a start (pool process and worker) and, once the body is done, its
+# result; and while it runs its pool process maps to it, so the runner can kill it.
+
+
+def _plain_run(request: Any, x: Any, result: int, sleep_s: float) -> int:
+    client, pid = _redis(), os.getpid()
+    client.rpush(f"demo:plain-exec:{request.id}", f"{pid}:{request.hostname}")
+    client.rpush(f"demo:plain-x:{request.id}", json.dumps(x))
+    client.hset("demo:plain-running", str(pid), request.id)
+    if sleep_s:
+        time.sleep(sleep_s)
+    client.hdel("demo:plain-running", str(pid))
+    client.rpush(f"demo:plain-done:{request.id}", json.dumps(result))
+    return result
+
+
+_PLAIN_CANVAS = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": False}
+
+
+@shared_task(name="demo.plain_add", bind=True, **_PLAIN_CANVAS)
+def plain_add(self: Any, x: int, y: int = 0, sleep_s: float = 0.0) -> int:
+    """``demo.step_add`` as a plain Celery task: ``x + y``."""
+    return _plain_run(self.request, x, x + y, sleep_s)
+
+
+@shared_task(name="demo.plain_sum", bind=True, **_PLAIN_CANVAS)
+def plain_sum(self: Any, values: list[int], start: int = 0) -> int:
+    """``demo.step_sum`` as a plain Celery task (a chord callback): ``start + sum(values)``."""
+    return _plain_run(self.request, values, start + sum(values), 0.0)

@@ -37,7 +37,7 @@ SHARED_INVARIANTS = [
 INJECTED = {
     "worker-kill", "zombie", "graceful-deploy", "network-partition", "redis-restart",
     "redis-failover", "task-corrupt", "load-spike", "scheduled-kills", "scheduled-redis-restart",
-    "periodic-leader-kill",
+    "periodic-leader-kill", "workflows",
 }  # fmt: skip
 
 
@@ -201,3 +201,12 @@ def test_a_zombie_commit_fails_the_stale_incarnation_checks():
     ev.log_events.append(LogEvent("committed", "b", 1, "worker-w1.log"))
     failed = [c.name for c in stale_incarnation_checks(held, "worker-w1.log", "w1")(ev) if not c.ok]
     assert failed == ["the stale incarnations on w1 committed nothing"]
+
+
+def test_a_dashed_task_id_is_read_from_the_log_as_a_hex_one():
+    # A workflow's later steps carry Celery's dashed ids: their commits count too.
+    task_id = "1f88a1d7-0c65-466b-a2c3-4f043c66f830"
+    line = f"2026-11-25 20:00:00,000 INFO relier_django.runner committed task_id={task_id} fence=2"
+    event = parse_log_line(line, "w1.log")
+    assert event is not None
+    assert (event.kind, event.task_id, event.fence) == ("committed", task_id, 2)

@@ -58,7 +58,15 @@ class QoS(kombu_redis.QoS):
             self._in_memory.discard(delivery_tag)
             virtual.QoS.ack(self, delivery_tag)
             return
-        super().ack(delivery_tag)
+        try:
+            super().ack(delivery_tag)
+        except AttributeError as exc:
+            # kombu acks on the channel of a connection that is gone (a Redis restart)
+            # and fails to open one; raised, it stops the worker for good. The message
+            # stays in kombu's unacked hash and is restored after the visibility
+            # timeout, as for any ack lost with a connection.
+            virtual.QoS.ack(self, delivery_tag)
+            logger.warning("could not ack a message, its connection is gone: %s", exc)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if delivery_tag in self._in_memory:
