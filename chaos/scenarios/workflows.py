@@ -568,8 +568,10 @@ def checks(run: Run, flows: list[Flow], hits: Hits, planned: int, restarted: str
             f"{len(states_left)} left" + (f": {_ids(states_left)}" if states_left else ""),
         ),
         Check(
-            "the kills hit running steps: relier's and Celery's",
-            sum(hits.kinds.values()) == planned and bool(hits.relier) and bool(hits.celery),
+            # Each kind landed at least once; a kill whose kind had nothing running at
+            # its instant is skipped (and noted): at full size one or two are.
+            "the kills hit running steps: relier's and Celery's, of every kind",
+            all(hits.kinds[kind] for kind in KILL_KINDS) and bool(hits.relier and hits.celery),
             f"{sum(hits.kinds.values())}/{planned} kills ({kills}); {len(hits.relier)} relier "
             f"step(s) and {len(hits.celery)} Celery task(s) cut off",
         ),
