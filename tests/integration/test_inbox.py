@@ -13,7 +13,6 @@ import json
 import threading
 
 import pytest
-from django.conf import settings
 from django.db import IntegrityError, OperationalError, connections, transaction
 
 from relier_django.core.model.errors import TaskLost
@@ -22,13 +21,7 @@ from relier_django.core.worker.context import TaskContext
 from relier_django.inbox import Unit, once, run_atomic
 from relier_django.models import InboxEntry
 from testproject.demo.models import Booking
-
-HAVE_PG = "pg" in settings.DATABASES
-PG_SKIP = "RELIER_TEST_POSTGRES_URL is empty, which turns PostgreSQL off: SQLite only"
-DATABASES = ["default", "pg"] if HAVE_PG else ["default"]
-PG = pytest.mark.skipif(not HAVE_PG, reason=PG_SKIP)
-ALIASES = pytest.mark.parametrize("alias", ["default", pytest.param("pg", marks=PG)])
-COMMITS = pytest.mark.django_db(transaction=True, databases=DATABASES)
+from tests.databases import ALIASES, COMMITS, DATABASES, PG
 
 TASK_ID = "0" * 31 + "1"
 

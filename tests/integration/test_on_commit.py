@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.db import connections, transaction
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
@@ -31,20 +30,9 @@ from relier_django.core.store.receipt import DispatchState, NotDispatched, Recei
 from relier_django.transactions import replay
 from testproject.demo import tasks
 from testproject.harness import CeleryWorker, free_port, process_pointed_at, redis_server
+from tests.databases import ALIASES, COMMITS, HAVE_PG, PG_SKIP, Rollback
 
 KEYS = KeySpace("rl")
-
-HAVE_PG = "pg" in settings.DATABASES
-PG_SKIP = "RELIER_TEST_POSTGRES_URL is empty, which turns PostgreSQL off: SQLite only"
-DATABASES = ["default", "pg"] if HAVE_PG else ["default"]
-ALIASES = pytest.mark.parametrize(
-    "alias", ["default", pytest.param("pg", marks=pytest.mark.skipif(not HAVE_PG, reason=PG_SKIP))]
-)
-COMMITS = pytest.mark.django_db(transaction=True, databases=DATABASES)
-
-
-class Rollback(Exception):
-    """Raised to roll a block back."""
 
 
 def pusher(task, alias: str):

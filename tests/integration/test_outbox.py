@@ -19,7 +19,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.conf import settings as django_settings
 from django.db import connections, transaction
 from django.utils import timezone
 
@@ -33,20 +32,9 @@ from testproject.celery import app
 from testproject.demo import tasks
 from testproject.demo.models import Booking
 from testproject.harness import CeleryWorker, process_pointed_at, redis_server
+from tests.databases import ALIASES, COMMITS, HAVE_PG, PG_SKIP, Rollback
 
 KEYS = KeySpace("rl")
-
-HAVE_PG = "pg" in django_settings.DATABASES
-PG_SKIP = "RELIER_TEST_POSTGRES_URL is empty, which turns PostgreSQL off: SQLite only"
-DATABASES = ["default", "pg"] if HAVE_PG else ["default"]
-ALIASES = pytest.mark.parametrize(
-    "alias", ["default", pytest.param("pg", marks=pytest.mark.skipif(not HAVE_PG, reason=PG_SKIP))]
-)
-COMMITS = pytest.mark.django_db(transaction=True, databases=DATABASES)
-
-
-class Rollback(Exception):
-    """Raised to roll a block back."""
 
 
 @pytest.fixture

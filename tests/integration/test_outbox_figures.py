@@ -6,7 +6,6 @@ a real transaction, on SQLite and the session's PostgreSQL."""
 from __future__ import annotations
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.db import transaction
 from django.urls import reverse
@@ -14,9 +13,7 @@ from django.urls import reverse
 from relier_django import metrics
 from relier_django.models import OutboxEntry
 from testproject.demo import tasks
-
-HAVE_PG = "pg" in settings.DATABASES
-DATABASES = ["default", "pg"] if HAVE_PG else ["default"]
+from tests.databases import DATABASES, HAVE_PG
 
 
 @pytest.fixture
