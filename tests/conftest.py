@@ -8,6 +8,7 @@ groups so that every signal reaches only processes the test started.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -161,6 +162,18 @@ def shared_db(
         yield db
     finally:
         db.drop()
+
+
+@pytest.fixture
+def relier_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Captures relier_django's log records (its logger does not propagate to root)."""
+    logger = logging.getLogger("relier_django")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.WARNING, logger="relier_django")
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
 
 
 WorkerFactory = Callable[..., CeleryWorker]

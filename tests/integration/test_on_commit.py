@@ -52,18 +52,6 @@ def traces(client, task_id: str) -> list[str]:
     return found
 
 
-@pytest.fixture
-def relier_log(caplog):
-    """Captures relier_django's log records (its logger does not propagate to root)."""
-    logger = logging.getLogger("relier_django")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.WARNING, logger="relier_django")
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
-
-
 def logged_envelope(caplog, task_id: str) -> str:
     """The envelope in the ERROR line a post-commit send that gave up wrote for ``task_id``."""
     lines = [

@@ -11,7 +11,6 @@ called directly (``Relay(app)()``), with ``OUTBOX_GRACE_S`` 0 unless the grace i
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import uuid
@@ -96,18 +95,6 @@ def relay_in_another_thread() -> RelayReport:
 
 def start_worker(server, tmp_path: Path, name: str) -> CeleryWorker:
     return CeleryWorker(redis_url=server.url, log_dir=tmp_path, name=name).start()
-
-
-@pytest.fixture
-def relier_log(caplog):
-    """Captures relier_django's log records (its logger does not propagate to root)."""
-    logger = logging.getLogger("relier_django")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.WARNING, logger="relier_django")
-    try:
-        yield caplog
-    finally:
-        logger.removeHandler(caplog.handler)
 
 
 # --- the row lives and dies with the transaction ------------------------------------
