@@ -117,3 +117,46 @@ def test_celery_always_eager_runs_the_whole_chord_here_and_relier_eager_refuses_
     settings.RELIER = {**settings.RELIER, "EAGER": True}
     with pytest.raises(TypeError, match="CELERY_TASK_ALWAYS_EAGER"):
         chord(header)(tasks.step_sum.s(100))
+
+
+def test_of_members_committing_at_once_exactly_one_creates_the_callback(redis_client):
+    # The race commit.lua closes: 12 members, started, commit at the same instant from
+    # 12 threads; each records its result once and exactly one creates the callback.
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    from relier_django.core.model import config, outcome
+    from relier_django.core.model.envelope import Envelope
+    from relier_django.core.push import producer
+    from relier_django.core.store import chords
+    from relier_django.core.store.connection import sync_client
+    from relier_django.core.worker import fencing
+
+    cfg, spec, n = config.current(), tasks.step_add.relier_spec, 12
+    client, keys = sync_client(cfg), KeySpace.of(cfg)
+    members = []
+    for i in range(n):
+        env = producer.prepare(spec, (i, 1), {}, f"member-{i}")
+        producer._Push(cfg, spec, env, env.encode(cfg.signer), keys).store(None).run(client)
+        assert fencing.start(keys, env, "w1@host:1", 30_000).run(client).started
+        members.append(env)
+    chords.set_size(client, keys, "group", n)
+    callback = Envelope(id="the-callback", task="demo.step_sum", created_ms=1, header="group")
+    barrier = Barrier(n)
+
+    def commit(i: int):
+        record = outcome.succeeded(i * 10, members[i].fence)
+        successor = fencing.Successor(
+            callback, callback.encode(), None, 60_000, 3, "group", i, outcome.result_json(record)
+        )
+        call = fencing.commit(keys, members[i], record, 60_000, successor=successor)
+        barrier.wait()
+        return call.run(client)
+
+    with ThreadPoolExecutor(n) as pool:
+        done = list(pool.map(commit, range(n)))
+    assert all(d.accepted for d in done)
+    assert sum(d.value for d in done) == 1  # one commit created the callback
+    assert redis_client.hget(keys.task("the-callback"), "state") == b"queued"
+    assert redis_client.zscore(keys.expiry, "the-callback") is not None
+    assert chords.header_results(client, keys, "group") == [i * 10 for i in range(n)]
