@@ -126,7 +126,7 @@ class Relay:
     """Sends committed outbox rows older than the grace; run by the scanner leader."""
 
     app: Any
-    _pruned_at: float = 0.0
+    _pruned_at: float = -_PRUNE_EVERY_S  # the first pass prunes
     # The databases with the table, looked up again every _LOOKUP_EVERY_S (a migrate
     # while workers run is seen within that); those that could not be read.
     _aliases: list[str] = field(default_factory=list)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 from django.db import IntegrityError, OperationalError, connections, transaction
@@ -302,3 +303,23 @@ def test_atomic_on_an_async_task_is_refused():
 def test_atomic_takes_only_true_false_or_an_alias(value):
     with pytest.raises(TypeError, match="atomic= takes True or a database alias"):
         rl_task(name="tests.inbox_bad_atomic", atomic=value)
+
+
+@COMMITS
+def test_the_relay_prunes_inbox_rows_older_than_inbox_keep_s(settings, redis_client):
+    from relier_django.models import InboxEntry
+    from relier_django.outbox import Relay
+    from testproject.celery import app
+
+    settings.RELIER = {**settings.RELIER, "INBOX_KEEP_S": 3600}
+    now_ms = int(time.time() * 1000)
+    for alias in DATABASES:
+        InboxEntry.objects.using(alias).create(
+            key="old:", fence=1, result="1", committed_ms=now_ms - 7_200_000
+        )
+        InboxEntry.objects.using(alias).create(
+            key="new:", fence=1, result="1", committed_ms=now_ms - 60_000
+        )
+    Relay(app)()
+    for alias in DATABASES:
+        assert list(InboxEntry.objects.using(alias).values_list("key", flat=True)) == ["new:"]
