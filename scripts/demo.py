@@ -2,18 +2,23 @@
 
 Every number printed is counted from Redis after the fact: each demo task records
 its own executions, and the report compares that with what was pushed.
-Ctrl-C stops every process this script started (by PID, nothing else).
+Ctrl-C, SIGTERM, SIGHUP, an error or the normal end stop every process this script
+started, and every process those started (by PID, nothing else).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
+
+import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -29,6 +34,11 @@ RUN = REPO / ".run"
 # Demo-sized liveness: a dead worker's tasks come back within about TTL + scan interval.
 DEMO_ENV = {"RELIER_HEARTBEAT_TTL_S": "3", "RELIER_SCAN_INTERVAL_S": "0.5"}
 DEMO_PORT = 6391  # matches testproject/settings.py's default RELIER_REDIS_URL
+# Signals that end the demo as Ctrl-C does: `timeout`, a supervisor, a closed terminal.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# How long the demo's processes get to exit on SIGTERM before they are SIGKILLed: a
+# worker's warm shutdown waits for its running tasks (0.3 s each here).
+STOP_DEADLINE_S = 15.0
 ADMIN_USER, ADMIN_PASSWORD = "demo", "demo-password"
 
 
@@ -62,13 +72,28 @@ def django_setup(env: dict[str, str]) -> None:
     django.setup()
 
 
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived: unwind to the clean-up, as Ctrl-C does.
+
+    A BaseException, as KeyboardInterrupt is, so no ``except Exception`` on the way
+    swallows it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stopped_by(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
+
+
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir).resolve()
     run_dir.mkdir(exist_ok=True)
     redis_server = RedisServer(directory=run_dir / "redis", port=args.port)
     workers: list[CeleryWorker] = []
     helpers: list[subprocess.Popen[bytes]] = []
-    server: subprocess.Popen[bytes] | None = None
     try:
         say(f"relier_django demo: private Redis on 127.0.0.1:{args.port}, data in {run_dir}")
         redis_server.start()
@@ -87,17 +112,11 @@ def run(args: argparse.Namespace) -> int:
             worker = CeleryWorker(
                 redis_url=redis_server.url, log_dir=run_dir / "logs", name=name, extra_env=DEMO_ENV
             )
-            workers.append(worker.start())
+            # Listed before it starts: a signal while it boots must still stop it.
+            workers.append(worker)
+            worker.start()
         with open(run_dir / "logs" / "resurrector.log", "ab") as log:
-            helpers.append(
-                subprocess.Popen(
-                    [sys.executable, "manage.py", "relier_resurrector"],
-                    cwd=REPO,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+            helpers.append(start_helper(env, ["relier_resurrector"], stdout=log))
         say(
             f"  heartbeat TTL {DEMO_ENV['RELIER_HEARTBEAT_TTL_S']} s, scan every "
             f"{DEMO_ENV['RELIER_SCAN_INTERVAL_S']} s; logs in {run_dir / 'logs'}"
@@ -110,11 +129,8 @@ def run(args: argparse.Namespace) -> int:
 
         if args.no_serve:
             return 0
-        server = subprocess.Popen(
-            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{args.http_port}", "--noreload"],
-            cwd=REPO,
-            env=env,
-        )
+        server = start_helper(env, ["runserver", f"127.0.0.1:{args.http_port}", "--noreload"])
+        helpers.append(server)
         url = f"http://127.0.0.1:{args.http_port}/admin/"
         say(f"\nAdmin: {url}  login {ADMIN_USER} / {ADMIN_PASSWORD}")
         say(f"Its dead-letter queue: {url}relier_django/deadletter/ (or: relier_dlq list)")
@@ -124,24 +140,79 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         say("\nStopping …")
         return 0
+    except Stopped as stop:
+        say(f"\n{stop}: stopping …")
+        raise
     finally:
-        if server is not None and server.poll() is None:
-            server.send_signal(signal.SIGINT)
-            try:
-                server.wait(10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-        for proc in helpers:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-        for worker in workers:
-            worker.stop()
-        redis_server.stop()
+        # A second signal must not cut the clean-up short and leak what is left;
+        # STOP_DEADLINE_S bounds how long it takes.
+        for signum in (signal.SIGINT, *STOP_SIGNALS):
+            signal.signal(signum, signal.SIG_IGN)
+        stop_all(workers, helpers, redis_server)
         say("All demo processes stopped.")
+
+
+def start_helper(
+    env: dict[str, str], command: list[str], stdout: IO[bytes] | None = None
+) -> subprocess.Popen[bytes]:
+    """``manage.py <command>`` in a process group of its own, as the workers are, so
+    stop_all can end it and anything it starts by its PID alone."""
+    return subprocess.Popen(
+        [sys.executable, "manage.py", *command],
+        cwd=REPO,
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.STDOUT if stdout else None,
+        start_new_session=True,
+    )
+
+
+def stop_all(
+    workers: list[CeleryWorker],
+    helpers: list[subprocess.Popen[bytes]],
+    redis_server: RedisServer,
+) -> None:
+    """Stop every process this demo started, and every process those started.
+
+    SIGTERM first (a worker's warm shutdown, the resurrector's last pass), SIGKILL to
+    each process group once STOP_DEADLINE_S is up; Redis last, so the workers can
+    still reach it while they shut down.
+    """
+    # Taken before anything is signalled: a pool process whose worker dies first is
+    # reparented out of this tree, and would be out of reach afterwards.
+    started = psutil.Process().children(recursive=True)
+    leaders = [w.process for w in workers if w.process is not None] + helpers
+    deadline = time.monotonic() + STOP_DEADLINE_S
+    for worker in workers:
+        worker.cont_group()  # a stopped worker cannot act on SIGTERM
+    for proc in leaders:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+    for proc in leaders:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+    for worker in workers:
+        worker.kill()  # SIGKILL to its group: pool processes that outlived it
+    for proc in helpers:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+    redis_server.stop()
+    # What outlived its group: a process that started a session of its own.
+    left = [p for p in started if _running(p)]
+    for proc in left:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(left, timeout=10)
+
+
+def _running(proc: psutil.Process) -> bool:
+    # is_running() also compares the start time, so a reused PID is not taken for it.
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def ensure_admin() -> None:
@@ -256,7 +327,17 @@ def main() -> int:
         "--settle-s", type=float, default=15.0, help="stop waiting after this long without progress"
     )
     parser.add_argument("--no-serve", action="store_true", help="exit after the report")
-    return run(parser.parse_args())
+    args = parser.parse_args()
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _stopped_by)
+    try:
+        return run(args)
+    except Stopped as stop:
+        # Everything is stopped: now die of the signal, so that a shell or a supervisor
+        # reads from the exit status how the demo ended.
+        signal.signal(stop.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), stop.signum)
+        return 128 + stop.signum  # not reached: the default action ends the process
 
 
 if __name__ == "__main__":
