@@ -4,17 +4,21 @@ django-rq's pattern: the unmanaged ``DeadLetter`` model puts a "Relier" section 
 admin index, and ``get_urls()`` replaces every ModelAdmin page with the DLQ pages of
 ``admin_views``, each wrapped in ``admin_site.admin_view`` (staff login, CSRF, no cache).
 Every page needs ``relier_django.view_dlq``; release and delete also need
-``relier_django.manage_dlq``. Superusers have both.
+``relier_django.manage_dlq``. Superusers have both. Staff without one get a 403 page in
+the admin's look that names the permission and whom to ask, not Django's bare
+"403 Forbidden": each route declares what it needs, so the views keep raising a plain
+``PermissionDenied``.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
 from . import admin_overview, admin_schedule, admin_task, admin_views
@@ -44,9 +48,35 @@ class DeadLetterAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
+    def forbidden(self, request: HttpRequest, missing: Sequence[str]) -> TemplateResponse:
+        """The 403 page: the permissions ``missing`` for what was asked, each by its name
+        in code and as the Users and Groups pages list it, and whom to ask for them."""
+        request.current_app = self.admin_site.name
+        names = dict(self.opts.permissions)  # codename -> "Can view the dead-letter queue"
+        # As ``str(Permission)`` reads, without a query: "Relier | dead-letter queue | …".
+        listed = f"{self.opts.app_config.verbose_name} | {self.opts.verbose_name}"
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Permission needed",
+            "missing": [(p, f"{listed} | {names[p.partition('.')[2]]}") for p in missing],
+            "manage": MANAGE_PERMISSION in missing,
+        }
+        return TemplateResponse(request, "relier_django/admin/forbidden.html", context, status=403)
+
     def get_urls(self) -> list[URLPattern]:
-        def wrap(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-            bound: Any = functools.partial(view, model_admin=self)
+        def wrap(
+            view: Callable[..., HttpResponse], needs: Sequence[str] = (VIEW_PERMISSION,)
+        ) -> Callable[..., HttpResponse]:
+            def bound(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+                try:
+                    return view(request, model_admin=self, **kwargs)
+                except PermissionDenied:
+                    missing = [p for p in needs if not request.user.has_perm(p)]
+                    if not missing:  # refused for another reason: Django's own 403
+                        raise
+                    return self.forbidden(request, missing)
+
             wrapped: Callable[..., HttpResponse] = self.admin_site.admin_view(bound)
             return wrapped
 
@@ -54,7 +84,11 @@ class DeadLetterAdmin(admin.ModelAdmin):
         # <path:>, not <str:>: a task id (and so an entry id) may contain a slash.
         return [
             path("", wrap(admin_views.changelist), name=f"{info}_changelist"),
-            path("actions/", wrap(admin_views.act), name=f"{info}_actions"),
+            path(
+                "actions/",
+                wrap(admin_views.act, needs=(VIEW_PERMISSION, MANAGE_PERMISSION)),
+                name=f"{info}_actions",
+            ),
             # Read-only schedule pages (docs/scheduling.md): the view permission suffices.
             path("scheduled/", wrap(admin_schedule.scheduled_list), name=f"{info}_scheduled"),
             path("periodic/", wrap(admin_schedule.periodic_list), name=f"{info}_periodic"),

@@ -142,12 +142,13 @@ def _redis_guard(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
 def _search(
     model_admin: ModelAdmin, store: dlq.DeadLetterStore, counts: dlq.Counts, q: str
 ) -> HttpResponse | list[str]:
-    """An exact entry id opens it; else the task names containing ``q`` (one: filtered)."""
+    """An exact entry id opens it; else the task names containing ``q`` (one: filtered,
+    ``q`` kept for the search box)."""
     if store.get(q) is not None:
         return HttpResponseRedirect(_url(model_admin, "detail", q))
     names = sorted(t for t in counts.by_task if q.casefold() in t.casefold())
     if len(names) == 1:
-        return HttpResponseRedirect(_url(model_admin, "changelist") + _query(task=names[0]))
+        return HttpResponseRedirect(_url(model_admin, "changelist") + _query(task=names[0], q=q))
     return names
 
 
@@ -163,8 +164,11 @@ def _choices(
     ]
 
 
-def _facets(counts: dlq.Counts, task: str | None, reason: str | None) -> dict[str, list[Choice]]:
-    """The sidebar: tasks counted within the chosen reason, and reasons within the task."""
+def _facets(
+    counts: dlq.Counts, task: str | None, reason: str | None, q: str | None
+) -> dict[str, list[Choice]]:
+    """The sidebar: tasks counted within the chosen reason, and reasons within the task.
+    A reason keeps the search ``q``; a task replaces it (a search chooses a task)."""
     pairs = counts.by_reason_and_task.items()
     by_task = counts.by_task if reason is None else {t: n for (r, t), n in pairs if r == reason}
     by_reason = counts.by_reason if task is None else {r: n for (r, t), n in pairs if t == task}
@@ -172,7 +176,7 @@ def _facets(counts: dlq.Counts, task: str | None, reason: str | None) -> dict[st
         "task": _choices(
             by_task, task, lambda t: _query(task=t, reason=reason), lambda t: t or NO_TASK
         ),
-        "reason": _choices(by_reason, reason, lambda r: _query(task=task, reason=r)),
+        "reason": _choices(by_reason, reason, lambda r: _query(task=task, reason=r, q=q)),
     }
 
 
@@ -196,10 +200,13 @@ def changelist(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     store = dlq.store()
     counts = store.counts()
     q = request.GET.get("q", "").strip()
-    task_matches = _search(model_admin, store, counts, q) if q else []
+    task = request.GET.get("task")  # present but empty: messages with no task name
+    # With a task chosen, the query was searched already (it chose the task): it is only
+    # kept, for the search box and the links, as the admin's changelist keeps it.
+    searched = bool(q) and task is None
+    task_matches = _search(model_admin, store, counts, q) if searched else []
     if isinstance(task_matches, HttpResponse):
         return task_matches
-    task = request.GET.get("task")  # present but empty: messages with no task name
     reason = request.GET.get("reason") or None
     query = dlq.Query(task=task, reason=reason)
     cursor = _cursor(request)
@@ -209,21 +216,25 @@ def changelist(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
         for s in page.entries
     ]
     next_cursor = None if page.next_cursor is None else str(page.next_cursor)
+    kept = q or None
     context = _context(
         request,
         model_admin,
         "Dead-letter queue",
         q=q,
+        searched=searched,
         task=task,
         reason=reason,
         filtered=task is not None or reason is not None,
         task_matches=[{"name": t, "query": _query(task=t)} for t in task_matches],
         counts=counts,
         matching=counts.matching(query),
-        facets=_facets(counts, task, reason),
+        facets=_facets(counts, task, reason, kept),
         rows=rows,
-        first_page=_query(task=task, reason=reason) if cursor is not None else None,
-        next_page=_query(task=task, reason=reason, cursor=next_cursor) if next_cursor else None,
+        first_page=_query(task=task, reason=reason, q=kept) if cursor is not None else None,
+        next_page=(
+            _query(task=task, reason=reason, q=kept, cursor=next_cursor) if next_cursor else None
+        ),
         no_task=NO_TASK,
     )
     return _render(request, "list.html", context)
@@ -275,8 +286,8 @@ def _pins(values: Iterable[str]) -> list[Pin]:
 
 
 def _back(model_admin: ModelAdmin, form: Mapping[str, str]) -> str:
-    """The list, with the filters the action was started from."""
-    filters = {k: form[k] for k in ("task", "reason") if k in form}
+    """The list, with the filters and search the action was started from."""
+    filters = {k: form[k] for k in ("task", "reason", "q") if k in form}
     return _url(model_admin, "changelist") + (_query(**filters) if filters else "")
 
 
@@ -315,6 +326,7 @@ def _confirm(
         rows=rows,
         task=request.POST.get("task"),
         reason=request.POST.get("reason"),
+        q=request.POST.get("q"),
         back_url=_back(model_admin, request.POST),
     )
     return _render(request, "confirm.html", context)

@@ -330,11 +330,34 @@ def test_search_by_exact_id_opens_the_entry_and_text_finds_task_names(client, lo
     login("view_dlq")
     assert client.get(reverse(LIST), {"q": env.id})["Location"] == detail_url(env.id)
     one = client.get(reverse(LIST), {"q": "SYNC_rec"})
-    assert one["Location"] == reverse(LIST) + "?task=demo.sync_record"
+    assert one["Location"] == reverse(LIST) + "?task=demo.sync_record&q=SYNC_rec"
     several = client.get(reverse(LIST), {"q": "record"}).content.decode()
     assert "2 task names contain" in several and "?task=demo.record" in several
     none = client.get(reverse(LIST), {"q": "nothing-like-it"}).content.decode()
     assert "No entry has the id “nothing-like-it”" in none
+
+
+def search_box(page: str) -> str:
+    found = re.search(r'<input type="text" size="40" name="q" value="([^"]*)" id="searchbar"', page)
+    assert found is not None, "no search box"
+    return html.unescape(found.group(1))
+
+
+def test_the_search_box_keeps_the_query_after_each_kind_of_search(client, login, store):
+    fail(tasks.record, "find")
+    fail(tasks.sync_record, "other", reason=Reason.RETRIES_EXHAUSTED)
+    login("view_dlq", "manage_dlq")
+    one = client.get(reverse(LIST), {"q": "SYNC_rec"}, follow=True)  # one task: filtered
+    page = one.content.decode()
+    assert search_box(page) == "SYNC_rec" and rows(one) == 1 and "demo.sync_record" in page
+    assert "No entry has the id" not in page and 'id="task-matches"' not in page
+    # A reason within the task and the way back after an action keep it too.
+    assert html.escape("?task=demo.sync_record&reason=retries_exhausted&q=SYNC_rec") in page
+    assert '<input type="hidden" name="q" value="SYNC_rec">' in page
+    several = client.get(reverse(LIST), {"q": "record"}).content.decode()
+    assert search_box(several) == "record" and "2 task names contain" in several
+    quoted = client.get(reverse(LIST), {"q": '<"nothing">'}).content.decode()
+    assert search_box(quoted) == '<"nothing">' and "No entry has the id" in quoted
 
 
 def test_entry_content_is_escaped_on_the_list_the_detail_and_the_confirm_page(client, login, store):
