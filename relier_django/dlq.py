@@ -17,6 +17,7 @@ from .core.dlq.release import BulkRelease, release, release_matching
 from .core.dlq.store import MAX_PAGE, Counts, Cursor, DeadLetterStore, Page, Query
 from .core.model.errors import EntryNotReleasable
 from .core.model.failure import Reason
+from .core.observe.task import TaskView, read_task
 from .core.store.connection import describe, sync_client
 from .core.store.keys import KeySpace
 from .core.store.receipt import Receipt
@@ -33,11 +34,13 @@ __all__ = [
     "Query",
     "Reason",
     "Summary",
+    "TaskView",
     "iso",
     "redis_location",
     "release_entry",
     "release_where",
     "store",
+    "unfinished_task",
 ]
 
 
@@ -74,3 +77,10 @@ def release_where(
     return release_matching(
         _app(), conf.get_config(), query, dry_run=dry_run, on_release=on_release
     )
+
+
+def unfinished_task(task_id: str) -> TaskView | None:
+    """The task ``task_id`` as the store holds it now (state, fence, history), or None
+    once it has finished (committed, dead-lettered, cancelled) or was never pushed."""
+    cfg = conf.get_config()
+    return read_task(sync_client(cfg), KeySpace.of(cfg), task_id)

@@ -11,6 +11,7 @@ import re
 import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -20,6 +21,7 @@ from relier_django import conf
 from relier_django import dlq as django_dlq
 from relier_django.core.dlq.entries import iso
 from relier_django.core.dlq.store import DeadLetterStore
+from relier_django.core.model.envelope import decode
 from relier_django.core.model.failure import Reason
 from relier_django.core.store.keys import KeySpace
 from relier_django.dlq_render import utc_text
@@ -29,6 +31,7 @@ from tests import dlq_entries as entries
 from tests.dlq_entries import untied
 
 KEYS = KeySpace("rl")
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "dlq-command.md"
 SUMMARY_KEYS = {
     "id", "task_id", "task", "reason", "queue", "error", "fence", "failed_at",
     "first_failed_at", "failures",
@@ -92,10 +95,38 @@ def released_and_failed_again(entry_id: str) -> int:
 
 
 class FakeTerminal(io.StringIO):
-    """An interactive stdin whose operator types the given answer."""
+    """An interactive stdin whose operator types the given answer, or a terminal's
+    stdout."""
 
     def isatty(self) -> bool:
         return True
+
+
+def on_terminal(monkeypatch, *args: str, columns: int) -> str:
+    """What a command prints to a terminal ``columns`` wide."""
+    monkeypatch.setenv("COLUMNS", str(columns))  # shutil.get_terminal_size reads it first
+    out = FakeTerminal()
+    call_command("relier_dlq", *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+def documented(command: str) -> str:
+    """The output docs/dlq-command.md shows after ``$ python manage.py relier_dlq
+    <command>``, up to the end of its code block."""
+    text = DOCS.read_text(encoding="utf-8")
+    start = text.index(f"$ python manage.py relier_dlq {command}\n")
+    return text[text.index("\n", start) + 1 : text.index("```", start)]
+
+
+def released(entry_id: str, fence: int = 2) -> dict:
+    """``release --json``'s outcome of an entry released now, its task left queued."""
+    return {"id": entry_id, "released": True, "why": None, "task_id": entry_id,
+            "state": "queued", "fence": fence}  # fmt: skip
+
+
+def not_released(entry_id: str, why: str | None) -> dict:
+    return {"id": entry_id, "released": False, "why": why, "task_id": None,
+            "state": None, "fence": None}  # fmt: skip
 
 
 def redis_clock_ahead(monkeypatch, ms: int) -> None:
@@ -107,18 +138,39 @@ def redis_clock_ahead(monkeypatch, ms: int) -> None:
 # -- list -------------------------------------------------------------------------
 
 
-def test_list_shows_an_aligned_table_newest_first_with_a_count_footer(store):
+def test_list_shows_an_aligned_table_newest_first_with_a_count_footer(store, monkeypatch):
     ids = [fail(arg=f"t{i}", message=f"failure number {i} " + "x" * 200) for i in range(3)]
-    out, _ = run("list")
+    out = on_terminal(monkeypatch, "list", columns=140)
     lines = out.splitlines()
     headers = ["ID", "FAILED AT (UTC)", "TASK", "REASON", "FENCE", "FAILURES", "ERROR"]
     assert re.split(r"\s{2,}", lines[0]) == headers
     rows = lines[1:4]
     assert [row.split()[0] for row in rows] == newest_first(store, ids)
     assert all(tasks.record.name in row and " exception " in row for row in rows)
-    assert all(row.endswith("…") for row in rows)  # the long error is cut to fit
+    assert all(row.endswith("…") and len(row) == 140 for row in rows)  # cut to the terminal
     assert len({row.index("ValueError") for row in rows}) == 1  # the ERROR column aligns
     assert lines[-1] == "3 of 3 entries"
+
+
+def test_list_piped_prints_each_error_whole_however_long(store, monkeypatch):
+    """Issue 27: piped, the listing used to cut the error to 24 characters; not being a
+    terminal, the StringIO gets every error's whole summary, whatever COLUMNS says."""
+    monkeypatch.setenv("COLUMNS", "40")
+    message = "the SMTP relay at mail.internal:587 refused the login: " + "y" * 120
+    entry_id = fail(message=message)
+    out, _ = run("list")
+    (row,) = out.splitlines()[1:2]
+    assert row.startswith(entry_id) and row.endswith(f"ValueError: {message}")
+    assert "…" not in out
+
+
+def test_list_wide_prints_the_whole_error_on_a_terminal_too(store, monkeypatch):
+    message = "cannot process invoice-1043: " + "z" * 150
+    fail(message=message)
+    (cut,) = on_terminal(monkeypatch, "list", columns=80).splitlines()[1:2]
+    assert cut.endswith("…") and message not in cut
+    (whole,) = on_terminal(monkeypatch, "list", "--wide", columns=80).splitlines()[1:2]
+    assert whole.endswith(f"ValueError: {message}") and whole[: len(cut) - 1] == cut[:-1]
 
 
 def test_list_json_is_one_object_with_the_documented_keys(store):
@@ -209,6 +261,32 @@ def test_inspect_json_is_the_whole_entry(store):
     assert shown["envelope"]["args"] == ["x"] and shown["raw"] is None
 
 
+def test_the_documented_inspect_example_has_what_a_real_inspect_prints(store):
+    """docs/dlq-command.md's ``inspect`` example against a real one: the same fields in
+    the same order, the same sections, the same envelope keys (``schema_version`` was
+    once missing), and its envelope is a real one (its checksum verifies)."""
+    entry_id = fail(tasks.until_fixed, "invoice-1043")
+    real, _ = run("inspect", entry_id)
+    shown = documented("inspect 25b2cac0070f4e538e84b4391e3a3490")
+
+    def labels(text: str) -> list[str]:
+        return [line.split(":", 1)[0] for line in text.split("\n\n", 1)[0].splitlines()]
+
+    def sections(text: str) -> list[str]:
+        return [block.split("\n", 1)[0] for block in text.split("\n\n")[1:]]
+
+    def envelope(text: str) -> dict:
+        return json.loads(text.split("\nEnvelope\n", 1)[1].split("\n\nHistory\n", 1)[0])
+
+    assert labels(shown) == labels(real)
+    assert sections(shown) == sections(real) == ["Error", "Traceback", "Envelope", "History"]
+    assert list(envelope(shown)) == list(envelope(real))
+    assert "schema_version" in envelope(shown)
+    assert decode(json.dumps(envelope(shown))).task == tasks.until_fixed.name
+    history = shown.split("\nHistory\n", 1)[1].splitlines()[0]
+    assert history.split() == real.split("\nHistory\n", 1)[1].splitlines()[0].split()
+
+
 def test_inspect_shows_the_raw_body_of_a_message_that_is_no_envelope(store):
     entry_id = untied(raw="{broken json <b>")
     out, _ = run("inspect", entry_id)
@@ -245,6 +323,65 @@ def test_release_processes_every_named_id_before_failing_on_the_bad_ones(store):
         f"{bad}: it holds no envelope (a malformed message); inspect it",
     ]
     assert store.size() == 1 and store.get(bad) is not None
+
+
+def test_release_json_names_each_ids_outcome_new_state_and_fence_or_why_not(store):
+    """Issue 27: ``release --json`` is one document: each named id, released (its new
+    incarnation queued at the next fence, as the store holds it) or why not, with
+    the exit code of the line form."""
+    good, bad = fail(arg="good"), untied()
+    out = refused("release", good, "nope", bad, "--json", match=r"not released \(2 of 3\)")
+    assert json.loads(out) == {
+        "dry_run": False,
+        "results": [
+            released(good),
+            not_released("nope", "no such entry in the dead-letter queue"),
+            not_released(bad, "it holds no envelope (a malformed message); inspect it"),
+        ],
+    }
+    assert store.client.hmget(KEYS.task(good), "state", "fence") == ["queued", "2"]
+    assert store.get(good) is None and store.get(bad) is not None
+    alone = fail(arg="alone")
+    assert json.loads(run("release", alone, "--json")[0])["results"] == [released(alone)]
+
+
+def test_release_json_of_a_stale_fence_says_which_failure_the_entry_holds(store):
+    entry_id = fail(arg="pinned")
+    newer = released_and_failed_again(entry_id)
+    out = refused("release", entry_id, "--fence", "1", "--json", match="not released")
+    (outcome,) = json.loads(out)["results"]
+    assert outcome["released"] is False and f"holds the failure at fence {newer}" in outcome["why"]
+    out, _ = run("release", entry_id, "--fence", str(newer), "--json")
+    assert json.loads(out)["results"] == [released(entry_id, fence=newer + 1)]
+
+
+def test_release_all_json_lists_the_released_the_refused_and_a_dry_runs_matches(store):
+    ids = [fail(arg=f"j{i}") for i in range(2)]
+    bad = untied()
+    out, _ = run("release", "--all", "--dry-run", "--json")  # a dry run exits 0
+    assert json.loads(out) == {
+        "dry_run": True,
+        "results": [not_released(i, None) for i in newest_first(store, ids)]
+        + [not_released(bad, "it holds no envelope (a malformed message)")],
+    }
+    assert store.size() == 3
+    out = refused("release", "--all", "--json", match="1 entry could not be released")
+    doc = json.loads(out)
+    assert doc["dry_run"] is False
+    assert sorted(doc["results"][:2], key=lambda r: r["id"]) == [released(i) for i in sorted(ids)]
+    assert doc["results"][2:] == [not_released(bad, "it holds no envelope (a malformed message)")]
+    assert store.size() == 1
+
+
+def test_release_json_as_documented_has_the_real_keys(store):
+    entry_id = fail(arg="doc")
+    out = refused("release", entry_id, "nope", "--json", match="not released")
+    shown = documented("release 25b2cac0070f4e538e84b4391e3a3490 nope --json")
+    example = json.loads(shown.split("\nCommandError:", 1)[0])
+    real = json.loads(out)
+    assert list(example) == list(real)
+    assert [list(r) for r in example["results"]] == [list(r) for r in real["results"]]
+    assert [r["released"] for r in example["results"]] == [True, False]
 
 
 def test_release_all_dry_run_lists_matches_and_changes_nothing(store):
@@ -567,7 +704,9 @@ def test_a_release_with_the_broker_down_changes_nothing_and_a_rerun_releases(sto
     with process_pointed_at({"CELERY_BROKER_URL": closed}, task_publish_retry_policy=quick):
         refused("release", ids[0], match="cannot reach the Celery broker")
         printed = refused("release", "--all", match="cannot reach the Celery broker")
+        as_json = refused("release", "--all", "--json", match="cannot reach the Celery broker")
     assert "released" not in printed
+    assert json.loads(as_json) == {"dry_run": False, "results": []}  # printed all the same
     # Every entry exactly as it was, in every index; no task re-created.
     assert {entry_id: store.get(entry_id) for entry_id in ids} == before
     assert store.size() == 2 and store.counts().total == 2

@@ -36,7 +36,7 @@ from relier_django.dlq_render import HISTORY_COLUMNS, history_rows, plural, utc_
 
 _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _DURATION = re.compile(r"(\d+)([smhdw])")
-_WIDTH = 100  # the listing's line width when not on a terminal, in columns
+_WIDTH = 100  # the listing's line width on a terminal of unknown width, in columns
 _MIN_ERROR = 24  # below this the error column is useless: let the line run long instead
 
 
@@ -191,6 +191,20 @@ def _release_one(
     return entry.summary, dlq.release_entry(entry_id, expected_fence=entry.fence).task_id
 
 
+def _outcome(
+    entry_id: str, *, why: str | None = None, task_id: str | None = None
+) -> dict[str, Any]:
+    """One entry of ``release --json``: released as ``task_id``, refused for ``why``,
+    or neither (a dry run's match). A released task's state and fence are read just
+    after its release, so a worker may already have taken it, or finished it."""
+    task = None if task_id is None else dlq.unfinished_task(task_id)
+    state = None if task_id is None else "finished" if task is None else task.state
+    return {
+        "id": entry_id, "released": task_id is not None, "why": why, "task_id": task_id,
+        "state": state, "fence": None if task is None else task.fence,
+    }  # fmt: skip
+
+
 def _one_pin(entry_ids: Sequence[str], fence: int | None) -> list[str]:
     """The ids named, each once; ``--fence`` pins exactly one of them."""
     wanted = list(dict.fromkeys(entry_ids))
@@ -211,9 +225,11 @@ class Command(BaseCommand):
         _filters(p)
         p.add_argument("--limit", type=_limit, default=50, metavar="N", help="default 50")
         p.add_argument("--cursor", type=_cursor, help="continue where a previous page ended")
+        p.add_argument("--wide", action="store_true", help="never cut the error to fit")
         p = _json_flag(sub.add_parser("inspect", help="one entry: traceback, envelope, history"))
         p.add_argument("entry_id", metavar="ID")
         p = _filters(sub.add_parser("release", help="run entries' tasks again, once each"))
+        _json_flag(p)
         p.add_argument("entry_ids", nargs="*", metavar="ID")
         _fence_flag(p)
         p.add_argument("--all", action="store_true", dest="all_matching", help="every match")
@@ -250,7 +266,7 @@ class Command(BaseCommand):
 
     def _list(
         self, *, task: str | None, reason: str | None, since: When | None, limit: int,
-        cursor: dlq.Cursor | None, as_json: bool, **_: Any,
+        cursor: dlq.Cursor | None, as_json: bool, wide: bool, **_: Any,
     ) -> None:  # fmt: skip
         store = dlq.store()
         query = _query(store, task, reason, since)
@@ -272,8 +288,10 @@ class Command(BaseCommand):
             for s in page.entries
         ]  # fmt: skip
         headers = ("ID", "FAILED AT (UTC)", "TASK", "REASON", "FENCE", "FAILURES", "ERROR")
-        # On a terminal, use its whole width; piped, a fixed one keeps output predictable.
-        width = shutil.get_terminal_size((_WIDTH, 24)).columns if self.stdout.isatty() else _WIDTH
+        # Cut to fit only for eyes on a terminal: piped into grep, a file or a ticket,
+        # a cut error is a lost clue, so there the line runs as long as it must.
+        cut = self.stdout.isatty() and not wide
+        width = shutil.get_terminal_size((_WIDTH, 24)).columns if cut else 0
         for line in _table(headers, rows, right=(4, 5), fit=width):
             self.stdout.write(line)
         shown = len(page.entries)
@@ -331,36 +349,62 @@ class Command(BaseCommand):
 
     def _release(
         self, *, entry_ids: list[str], fence: int | None, all_matching: bool,
-        task: str | None, reason: str | None, since: When | None, dry_run: bool, **_: Any,
+        task: str | None, reason: str | None, since: When | None, dry_run: bool, as_json: bool,
+        **_: Any,
     ) -> None:  # fmt: skip
         if bool(entry_ids) == all_matching:
             raise CommandError("give entry ids, or --all and filters (not both)", returncode=2)
         filtered = task is not None or reason is not None or since is not None or dry_run
         if filtered and not all_matching:
             raise CommandError("--task, --reason, --since, --dry-run go with --all", returncode=2)
-        if not all_matching:
-            self._release_ids(_one_pin(entry_ids, fence), fence)
-            return
-        store = dlq.store()
-        # Each release is reported as it happens: if the broker fails part-way, what
-        # was released before it is already on screen (the entry it hit stays queued).
+        pins = [] if all_matching else _one_pin(entry_ids, fence)
+        results: list[dict[str, Any]] | None = [] if as_json else None
+        try:
+            if all_matching:
+                self._release_all(_query(dlq.store(), task, reason, since), dry_run, results)
+            else:
+                self._release_ids(pins, fence, results)
+        finally:
+            # Printed even when a refusal or the broker ends the command (the error
+            # goes to stderr): the entries released before it are released for good.
+            if results is not None:
+                self._json({"dry_run": dry_run, "results": results})
+
+    def _report(
+        self, results: list[dict[str, Any]] | None, line: str, entry_id: str, **outcome: Any
+    ) -> None:
+        """Print one release's ``line`` now, or with --json add its outcome to ``results``."""
+        if results is None:
+            self.stdout.write(line)
+        else:
+            results.append(_outcome(entry_id, **outcome))
+
+    def _release_all(
+        self, query: dlq.Query, dry_run: bool, results: list[dict[str, Any]] | None
+    ) -> None:
+        # Each release is reported as it happens (with --json, into the document that
+        # is printed however the command ends): if the broker fails part-way, what was
+        # released before it is already reported (the entry it hit stays queued).
         done = dlq.release_where(
-            _query(store, task, reason, since),
+            query,
             dry_run=dry_run,
-            on_release=lambda entry_id: self.stdout.write(f"released {entry_id}"),
+            on_release=lambda i: self._report(results, f"released {i}", i, task_id=i),
         )
         if dry_run:
             for entry_id in done.released:
-                self.stdout.write(f"would release {entry_id}")
+                self._report(results, f"would release {entry_id}", entry_id)
         for entry_id, why in done.refused:
-            self.stdout.write(self.style.ERROR(f"{entry_id}: {why}"))
-        verb = "would be released (dry run: nothing changed)" if dry_run else "released"
-        refused = f"; {len(done.refused)} refused" if done.refused else ""
-        self.stdout.write(f"{plural(len(done.released))} {verb}{refused}.")
+            self._report(results, self.style.ERROR(f"{entry_id}: {why}"), entry_id, why=why)
+        if results is None:
+            verb = "would be released (dry run: nothing changed)" if dry_run else "released"
+            refused = f"; {len(done.refused)} refused" if done.refused else ""
+            self.stdout.write(f"{plural(len(done.released))} {verb}{refused}.")
         if done.refused and not dry_run:
             raise CommandError(f"{plural(len(done.refused))} could not be released")
 
-    def _release_ids(self, entry_ids: list[str], fence: int | None) -> None:
+    def _release_ids(
+        self, entry_ids: list[str], fence: int | None, results: list[dict[str, Any]] | None
+    ) -> None:
         store = dlq.store()
         failed: list[str] = []
         why = ""
@@ -370,10 +414,10 @@ class Command(BaseCommand):
             except dlq.EntryNotReleasable as exc:
                 failed.append(entry_id)
                 why = exc.reason
-                self.stdout.write(self.style.ERROR(f"{entry_id}: {why}"))
+                self._report(results, self.style.ERROR(f"{entry_id}: {why}"), entry_id, why=why)
                 continue
             done = f"released {entry_id} ({_failure(summary)}) as task {task_id}"
-            self.stdout.write(self.style.SUCCESS(done))
+            self._report(results, self.style.SUCCESS(done), entry_id, task_id=task_id)
         if failed:
             # With --fence there is one id: the error itself says which failure it holds.
             detail = "" if fence is None else f": {why}"
