@@ -34,7 +34,7 @@ integration: setup
 # The chaos tier (each runner scenario small, among the rest; the fenced inbox's kills
 # and zombies over 500 tasks), then every scenario full-size.
 chaos: setup
-	RELIER_CHAOS_INBOX_TASKS=500 $(PY) -m pytest -m chaos $(PYTEST_ARGS)
+	CHAOS_INBOX_TASKS=500 $(PY) -m pytest -m chaos $(PYTEST_ARGS)
 	$(PY) -m chaos run all $(CHAOS_ARGS)
 
 browser: setup

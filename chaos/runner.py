@@ -65,7 +65,7 @@ def _setup_django() -> None:
     if _django_ready:
         return
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-    os.environ.setdefault("RELIER_TEST_POSTGRES_URL", "")  # the workload needs no database
+    os.environ.setdefault("TESTPROJECT_POSTGRES_URL", "")  # the workload needs no database
     import django
 
     django.setup()

@@ -32,7 +32,7 @@ FAST_ENV: dict[str, str] = {
     "RELIER_SCAN_INTERVAL_S": str(SCAN_INTERVAL_S),
     "RELIER_LEADER_LEASE_S": "2",
     "RELIER_DRAIN_TIMEOUT_S": "2",
-    "RELIER_LOG_LEVEL": "INFO",
+    "TESTPROJECT_LOG_LEVEL": "INFO",
     # kombu gives an unacknowledged message back after this long; short, so that the
     # broker's own copies of a dead worker's messages come back (and are refused as
     # stale) within the run, and "nothing unacknowledged" is part of quiescence.
@@ -40,7 +40,7 @@ FAST_ENV: dict[str, str] = {
     "CELERY_UNACKED_RESTORE_INTERVAL": "0.5",
     "CELERY_UNACKED_RESTORE_THROTTLE": "1",
     # The workload needs no second database, whatever the calling test session has.
-    "RELIER_TEST_POSTGRES_URL": "",
+    "TESTPROJECT_POSTGRES_URL": "",
 }
 
 _live: list[Cluster] = []

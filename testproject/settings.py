@@ -68,10 +68,10 @@ DATABASES = {
 
 # A second database, "pg": the on_commit tests run on it as well as on SQLite. The
 # testproject never looks for a server: tests/conftest.py starts a private PostgreSQL
-# and sets RELIER_TEST_POSTGRES_URL to it, which the workers it starts inherit. Empty
+# and sets TESTPROJECT_POSTGRES_URL to it, which the workers it starts inherit. Empty
 # (the default) means no "pg" alias.
-if env.str("RELIER_TEST_POSTGRES_URL", default=""):
-    DATABASES["pg"] = env.db("RELIER_TEST_POSTGRES_URL")
+if env.str("TESTPROJECT_POSTGRES_URL", default=""):
+    DATABASES["pg"] = env.db("TESTPROJECT_POSTGRES_URL")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
@@ -155,10 +155,13 @@ LOGGING = {
     "loggers": {
         "relier_django": {
             "handlers": ["console"],
-            "level": env.str("RELIER_LOG_LEVEL", default="INFO"),
+            "level": env.str("TESTPROJECT_LOG_LEVEL", default="INFO"),
             # Celery's worker also logs through the root logger: print each line once.
             "propagate": False,
-        }
+        },
+        # One line per commit, at DEBUG since it is per task: the chaos evidence
+        # (chaos/evidence.py) and several tests read them from the workers' logs.
+        "relier_django.runner": {"level": env.str("TESTPROJECT_RUNNER_LOG_LEVEL", default="DEBUG")},
     },
 }
 

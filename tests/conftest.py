@@ -22,7 +22,7 @@ from testproject.postgres import PostgresServer
 from testproject.shared_db import SharedDatabase
 
 TESTS_DIR = Path(__file__).resolve().parent
-POSTGRES_URL_ENV = "RELIER_TEST_POSTGRES_URL"
+POSTGRES_URL_ENV = "TESTPROJECT_POSTGRES_URL"
 _POSTGRES = pytest.StashKey[PostgresServer]()
 _POSTGRES_URL_BEFORE = pytest.StashKey[str | None]()
 
@@ -38,7 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Start the session's private PostgreSQL and make it the "pg" database, before any
     test module is imported (test_on_commit.py reads the databases at import).
 
-    ``RELIER_TEST_POSTGRES_URL=""`` turns it off; any other value it had is replaced, as
+    ``TESTPROJECT_POSTGRES_URL=""`` turns it off; any other value it had is replaced, as
     the session's Redis replaces ``RELIER_REDIS_URL``: the suite never uses a PostgreSQL
     it did not start. A missing server binary fails the run, it never skips.
     """
@@ -141,7 +141,7 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 @pytest.fixture(scope="session")
 def postgres_server(pytestconfig: pytest.Config) -> Iterator[PostgresServer]:
     """The session's private PostgreSQL (the "pg" database's), stopped by PID; with
-    ``RELIER_TEST_POSTGRES_URL=""``, one of this fixture's own for the session."""
+    ``TESTPROJECT_POSTGRES_URL=""``, one of this fixture's own for the session."""
     server = pytestconfig.stash.get(_POSTGRES, None)
     if server is not None:
         yield server

@@ -32,7 +32,7 @@ FAST = {
     "RELIER_LEADER_LEASE_S": "2",
 }
 # How many tasks the chaos run pushes: `make chaos` sets it higher than CI's default.
-TASKS = int(os.environ.get("RELIER_CHAOS_INBOX_TASKS", "60"))
+TASKS = int(os.environ.get("CHAOS_INBOX_TASKS", "60"))
 ROLLED_BACK = "another incarnation committed this unit first"
 
 
@@ -222,7 +222,7 @@ def test_under_random_kills_and_zombies_every_booking_is_written_exactly_once(
     shared_db, worker_factory
 ):
     count = TASKS
-    seed = int(os.environ.get("RELIER_CHAOS_INBOX_SEED", "7"))
+    seed = int(os.environ.get("CHAOS_INBOX_SEED", "7"))
     # Both stored with each task at push, so the producer gets them too. A task struck
     # four times would reach the DLQ with its row uncommitted, making "N rows"
     # unprovable: the limit is raised. A worker SIGKILLed between popping a message and

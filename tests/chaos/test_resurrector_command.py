@@ -17,7 +17,11 @@ from testproject.demo import tasks
 from testproject.harness import REPO_ROOT, wait_until, worker_env
 
 KEYS = KeySpace("rl")
-ENV = {"RELIER_LEADER_LEASE_S": "2", "RELIER_SCAN_INTERVAL_S": "0.2", "RELIER_LOG_LEVEL": "INFO"}
+ENV = {
+    "RELIER_LEADER_LEASE_S": "2",
+    "RELIER_SCAN_INTERVAL_S": "0.2",
+    "TESTPROJECT_LOG_LEVEL": "INFO",
+}
 
 
 def resurrector(redis_url: str, *args: str) -> subprocess.Popen[str]:

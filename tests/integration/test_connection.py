@@ -500,7 +500,7 @@ def _resurrector(url: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "manage.py", "relier_resurrector", "--interval", "0.2"],
         cwd=REPO_ROOT,
-        env=worker_env(url, {"RELIER_LOG_LEVEL": "INFO"}),
+        env=worker_env(url, {"TESTPROJECT_LOG_LEVEL": "INFO"}),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

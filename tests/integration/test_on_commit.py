@@ -201,7 +201,7 @@ def test_the_worker_sees_the_row_its_transaction_wrote(worker_factory, redis_cli
     db = connections["pg"].settings_dict
     login = f"{db['USER']}:{db['PASSWORD']}" if db["PASSWORD"] else db["USER"]
     url = f"postgres://{login}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    worker_factory(extra_env={"RELIER_TEST_POSTGRES_URL": url})
+    worker_factory(extra_env={"TESTPROJECT_POSTGRES_URL": url})
     from django.contrib.auth.models import User
 
     with transaction.atomic(using="pg"):

@@ -34,11 +34,11 @@ def test_the_session_postgres_runs_unprivileged_on_a_port_of_its_own(postgres_se
     assert Path(postmaster.cwd()) == postgres_server.data_dir.resolve()  # not Debian's cluster
 
 
-@pytest.mark.skipif("pg" not in settings.DATABASES, reason="RELIER_TEST_POSTGRES_URL is empty")
+@pytest.mark.skipif("pg" not in settings.DATABASES, reason="TESTPROJECT_POSTGRES_URL is empty")
 def test_the_pg_database_and_the_workers_environment_name_the_private_server(postgres_server):
     db = connections["pg"].settings_dict
     assert (db["HOST"], db["PORT"], db["USER"]) == ("127.0.0.1", postgres_server.port, "postgres")
-    assert os.environ["RELIER_TEST_POSTGRES_URL"] == postgres_server.url  # workers inherit it
+    assert os.environ["TESTPROJECT_POSTGRES_URL"] == postgres_server.url  # workers inherit it
 
 
 def test_stop_ends_every_process_even_with_a_client_connected_and_removes_its_directory():
