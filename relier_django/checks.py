@@ -4,6 +4,9 @@ Registered from ``RelierConfig.ready()`` under the tag ``relier``, so they run w
 every ``manage.py check`` (and every command that runs checks) and can be selected
 alone with ``manage.py check --tag relier``. docs/settings.md lists every id.
 
+relier.W007 (an unknown ``RELIER_*`` environment variable) is a warning, not an
+error: the variable may belong to something else that shares the prefix.
+
 The Redis checks do I/O: one fail-fast client (about a one-second timeout, no
 retries), a PING and one round trip of CONFIG GET (or INFO), so a missing Redis
 delays a check by about a second, never more.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 import redis.connection
@@ -22,10 +26,10 @@ from django.apps import AppConfig
 from django.core.checks import CheckMessage, Error, Info, register
 from django.core.checks import Warning as CheckWarning
 from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import autodiscover_modules
 
-from . import conf
+from . import conf, discovery
 from .core.broker.transport import SentinelTransport, Transport
+from .core.model import links
 from .core.model.config import Config
 from .core.schedule import periodic, ticks
 from .core.store.connection import describe, redact, sync_client
@@ -36,6 +40,7 @@ TAG = "relier"
 
 _OPT_OUT = "RELIER['ALLOW_UNSAFE_REDIS'] = True silences this on a development server"
 _PICKLE = ("pickle", "application/x-python-serialize")
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 def _settings() -> tuple[Config, conf.DjangoSettings] | None:
@@ -60,17 +65,18 @@ def check_settings(
     """
     hint = (
         "Correct the setting named above in settings.RELIER, or in its RELIER_<NAME> "
-        "environment variable (which wins over the dict); docs/settings.md lists every "
-        "setting with its type and default."
+        f"environment variable (which wins over the dict); {links.doc('settings.md')} lists "
+        "every setting with its type and default."
     )
     try:
         cfg = conf.get_config()
     except ImproperlyConfigured as exc:
-        heartbeat = _heartbeat_error()
-        if heartbeat is not None:
-            return [heartbeat]
         problems = exc.problems if isinstance(exc, conf.SettingsError) else (str(exc),)
-        return [Error(problem, hint=hint, id="relier.E001") for problem in problems]
+        heartbeat = _heartbeat_error()
+        found = [] if heartbeat is None else [heartbeat]
+        if heartbeat is not None:  # E002 says it better than Config's own sentence
+            problems = tuple(p for p in problems if "below heartbeat_ttl_s" not in p)
+        return found + [Error(problem, hint=hint, id="relier.E001") for problem in problems]
     try:
         # What every client does with it: a wrong scheme, a port that is not a number,
         # a bad query option all fail here (check_redis leaves them to this check).
@@ -107,6 +113,28 @@ def _heartbeat_error() -> CheckMessage | None:
         "what you get when it is unset), in settings.RELIER or RELIER_HEARTBEAT_INTERVAL_S.",
         id="relier.E002",
     )
+
+
+@register(TAG)
+def check_environment(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """relier.W007: a ``RELIER_*`` environment variable that names no setting.
+
+    Returns:
+        One warning per such variable.
+    """
+    return [
+        CheckWarning(
+            f"{problem[0].upper()}{problem[1:]}: it is ignored, and the setting it was meant "
+            "to change keeps its value.",
+            hint=f"Correct its name ({links.doc('settings.md')} lists every setting; the "
+            "variable is RELIER_ and the setting's name), or unset it; or add 'relier.W007' "
+            "to SILENCED_SYSTEM_CHECKS if another program owns it.",
+            id="relier.W007",
+        )
+        for problem in conf.unknown_environment()
+    ]
 
 
 @register(TAG)
@@ -213,14 +241,30 @@ def _server_settings(client: redis.Redis) -> dict[str, str] | redis.exceptions.R
     return found
 
 
-def _durability(where: str, server: Mapping[str, str]) -> Iterable[CheckMessage]:
+def _durability(
+    where: str, server: Mapping[str, str], broker_grace_s: float | None = None
+) -> Iterable[CheckMessage]:
+    """The durability rules, for relier's store or (``broker_grace_s`` given: its
+    queued grace) for Celery's broker, where a lost message costs relier's tasks the
+    grace and plain Celery tasks their run."""
+    if broker_grace_s is None:
+        lost = (
+            "loses every task pushed since the last snapshot (all of them, with snapshots "
+            "off), which breaks relier's promise that a pushed task runs or lands in the "
+            "dead-letter queue"
+        )
+        evicted = "an evicted envelope, heartbeat or fence is a lost or duplicated task"
+    else:
+        late = f"relier's tasks in it run only after QUEUED_GRACE_S ({broker_grace_s:g} s)"
+        lost = (
+            "loses every message queued since the last snapshot: "
+            f"{late}, and plain Celery tasks are lost"
+        )
+        evicted = f"an evicted queue or message is a task lost to Celery; {late}"
     appendonly = server.get("appendonly")
     if appendonly is not None and appendonly != "yes":
         yield Error(
-            f"Redis at {where} runs without AOF (appendonly is {appendonly!r}): a restart "
-            "loses every task pushed since the last snapshot (all of them, with snapshots "
-            "off), which breaks relier's promise that a pushed task runs or lands in the "
-            "dead-letter queue.",
+            f"Redis at {where} runs without AOF (appendonly is {appendonly!r}): a restart {lost}.",
             hint="In redis.conf: 'appendonly yes' and 'appendfsync everysec' (on a running "
             "server: CONFIG SET appendonly yes, CONFIG SET appendfsync everysec, then CONFIG "
             f"REWRITE). {_OPT_OUT}.",
@@ -229,8 +273,8 @@ def _durability(where: str, server: Mapping[str, str]) -> Iterable[CheckMessage]
     elif server.get("appendfsync") == "no":
         yield CheckWarning(
             f"Redis at {where} has appendfsync 'no': the OS decides when the AOF reaches the "
-            "disk (typically every 30 s), so a crash can lose that many seconds of pushes "
-            "instead of at most one.",
+            "disk (typically every 30 s), so a crash can lose that many seconds of "
+            f"{'pushes' if broker_grace_s is None else 'messages'} instead of at most one.",
             hint="In redis.conf: 'appendfsync everysec' (on a running server: CONFIG SET "
             f"appendfsync everysec, then CONFIG REWRITE). {_OPT_OUT}.",
             id="relier.W004",
@@ -239,8 +283,7 @@ def _durability(where: str, server: Mapping[str, str]) -> Iterable[CheckMessage]
     if policy is not None and policy != "noeviction":
         yield Error(
             f"Redis at {where} has maxmemory-policy {policy!r}: when memory runs out it "
-            "evicts keys, and an evicted envelope, heartbeat or fence is a lost or "
-            "duplicated task.",
+            f"evicts keys, and {evicted}.",
             hint="In redis.conf: 'maxmemory-policy noeviction' (on a running server: CONFIG "
             "SET maxmemory-policy noeviction, then CONFIG REWRITE); a full Redis then refuses "
             f"writes loudly instead. {_OPT_OUT}.",
@@ -249,6 +292,72 @@ def _durability(where: str, server: Mapping[str, str]) -> Iterable[CheckMessage]
     missing = {"appendonly", "maxmemory-policy"} - set(server)
     if missing:
         yield _unverifiable(where, f"the server did not report {' or '.join(sorted(missing))}")
+
+
+@register(TAG)
+def check_broker_redis(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """The rules of :func:`check_redis` for Celery's broker when it is another Redis
+    server than relier's store: relier.W001, then, unless ``ALLOW_UNSAFE_REDIS``,
+    relier.E003, relier.E004, relier.W004 and relier.W002, each naming the broker.
+
+    A message the broker loses is a relier task that waits ``QUEUED_GRACE_S`` and a
+    plain Celery task that never runs.
+
+    Returns:
+        The messages, empty when the broker is not Redis, is relier's own server, or is
+        durable.
+    """
+    found = _settings()
+    if found is None:
+        return []
+    cfg, django_settings = found
+    url = str(current_app.conf.broker_url or "").split(";", 1)[0].strip()
+    if urlsplit(url).scheme not in ("redis", "rediss", "unix") or _same_server(url, cfg):
+        return []  # not Redis (sentinel:// too: its master moves), or check_redis's
+    where = f"{redact(url)} (Celery's broker)"
+    try:
+        client = sync_client(cfg.replace(redis_url=url, sentinels=(), sentinel_master=None),
+                             fail_fast=True)  # fmt: skip
+        client.ping()
+        if django_settings.allow_unsafe_redis:
+            return []
+        server = _server_settings(client)
+    except ValueError:
+        return []  # a URL redis-py cannot parse: Celery reports it when it connects
+    except redis.exceptions.RedisError as exc:
+        return [
+            CheckWarning(
+                f"Celery's broker at {redact(url)} is unreachable: it did not answer a "
+                f"PING ({exc}); its persistence and eviction settings were not checked.",
+                hint="Start that Redis, or correct CELERY_BROKER_URL. Until it answers, "
+                "push() fails and workers receive nothing.",
+                id="relier.W001",
+            )
+        ]
+    if isinstance(server, redis.exceptions.ResponseError):
+        return [_unverifiable(where, f"CONFIG GET and INFO were both refused ({server})")]
+    return list(_durability(where, server, broker_grace_s=cfg.queued_grace_s))
+
+
+def _same_server(url: str, cfg: Config) -> bool:
+    """Whether ``url`` names the server of relier's store (any database of it)."""
+    if cfg.sentinels:
+        return False  # the store's master is found through the sentinels
+    try:
+        ours = redis.connection.parse_url(cfg.redis_url)
+        theirs = redis.connection.parse_url(url)
+    except ValueError:
+        return False
+
+    def where(kw: Mapping[str, Any]) -> tuple[object, ...]:
+        if "path" in kw:
+            return ("unix", kw["path"])
+        host = kw.get("host") or "localhost"
+        return ("local" if host in _LOOPBACK else host, int(kw.get("port") or 6379))
+
+    return where(ours) == where(theirs)
 
 
 @register(TAG)
@@ -341,10 +450,30 @@ def check_broker_transport(
 
 
 def _relier_tasks() -> list[RelierTask]:
-    # Celery imports the tasks modules only in a worker; import them here too, so the
-    # check sees every @rl_task of the project, as autodiscover_tasks() would.
-    autodiscover_modules("tasks")
+    discovery.import_task_modules()
     return [task for task in current_app.tasks.values() if isinstance(task, RelierTask)]
+
+
+@register(TAG)
+def check_task_imports(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """relier.E011: a module in Celery's ``imports`` or ``include`` that cannot be
+    imported: a worker would not start, and the task checks cannot see its tasks.
+
+    Returns:
+        One error per such module.
+    """
+    return [
+        Error(
+            f"The module {name!r} in Celery's imports (CELERY_IMPORTS or "
+            f"CELERY_INCLUDE) cannot be imported: {type(exc).__name__}: {exc}.",
+            hint="Correct the module path, or the error in the module; a worker fails to "
+            "start on it too.",
+            id="relier.E011",
+        )
+        for name, exc in discovery.import_task_modules()
+    ]
 
 
 @register(TAG)
@@ -431,7 +560,7 @@ def check_periodic_schedule(
     Returns:
         One message per entry relier's scanners will not fire.
     """
-    autodiscover_modules("tasks")  # as _relier_tasks: the check sees every task
+    discovery.import_task_modules()  # as _relier_tasks: the check sees every task
     _, rejected = periodic.read_entries(current_app)
     where = "Celery's beat_schedule (CELERY_BEAT_SCHEDULE)"
     messages: list[CheckMessage] = []
@@ -442,7 +571,7 @@ def check_periodic_schedule(
                 f"{entry} names a plain Celery task ({bad.detail}): relier's scanners fire "
                 "only @rl_task entries, so this one runs only while celery beat runs.",
                 hint="Run one `celery -A <proj> beat` for it (and only one), or make the task "
-                "an @rl_task so relier fires it exactly once; docs/scheduling.md.",
+                f"an @rl_task so relier fires it exactly once; {links.doc('scheduling.md')}.",
                 id="relier.W005",
             ))  # fmt: skip
         elif bad.problem is periodic.Problem.UNKNOWN_TASK:

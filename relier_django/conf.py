@@ -1,7 +1,7 @@
 """The only module that reads Django settings or the environment.
 
 ``settings.RELIER`` (a dict, keys in upper case) and ``RELIER_*`` environment
-variables, read through django-environ, become one frozen core ``Config`` plus a few
+variables become one frozen core ``Config`` plus a few
 Django-level settings (:class:`DjangoSettings`) that the core never sees. An
 environment variable wins over the settings dict, so one image can be reconfigured
 per deployment. Both results are cached and dropped on ``setting_changed``.
@@ -12,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import logging
+import os
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-import environ
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
@@ -26,7 +27,8 @@ from django.core.signals import setting_changed
 from .core.model import config as core_config
 from .core.model.errors import ConfigError
 
-_env = environ.Env()
+logger = logging.getLogger("relier_django.conf")
+_ENV_PREFIX = "RELIER_"
 
 
 class SettingsError(ConfigError, ImproperlyConfigured):
@@ -116,17 +118,22 @@ def _cast(hint: Any, raw: Any, source: str, secret: bool = False) -> Any:
     base = {int: int, float: float, str: str, bool: bool}
     target = next((t for t in base if hint is t or t in typing.get_args(hint)), str)
     if raw is None:
-        raise ImproperlyConfigured(f"{source} must be a {target.__name__}, got None")
+        raise ImproperlyConfigured(f"{source} must be {_a(target)}, got None")
     if target is bool and isinstance(raw, str):
         return _cast_bool(raw, source)
     if not isinstance(raw, str) and not _fits(raw, target):
         # A value from the settings dict is taken as given, never coerced: 2.9 is not
         # silently 2 retries, ["a"] is not the prefix "['a']", [0] is not True.
-        raise ImproperlyConfigured(f"{source} must be a {target.__name__}, got {shown}")
+        raise ImproperlyConfigured(f"{source} must be {_a(target)}, got {shown}")
     try:
         return target(raw)
     except (TypeError, ValueError) as exc:
-        raise ImproperlyConfigured(f"{source} must be a {target.__name__}, got {shown}") from exc
+        raise ImproperlyConfigured(f"{source} must be {_a(target)}, got {shown}") from exc
+
+
+def _a(target: type) -> str:
+    name = target.__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def _fits(raw: Any, target: type) -> bool:
@@ -137,14 +144,16 @@ def _fits(raw: Any, target: type) -> bool:
     return isinstance(raw, target)
 
 
-# django-environ's true words, and their opposites. Anything else is refused rather
-# than read as False: a typo must not quietly turn a switch off (or on).
+# The true words of django-environ's Env.bool (a settings file may read the same
+# variables with it), and their opposites. Anything else is refused rather than read
+# as False: a typo must not quietly turn a switch off (or on).
+_TRUE_WORDS = ("true", "on", "ok", "y", "yes", "1")
 _FALSE_WORDS = ("false", "off", "no", "n", "0")
 
 
 def _cast_bool(raw: str, source: str) -> bool:
     word = raw.strip().lower()
-    if word in environ.Env.BOOLEAN_TRUE_STRINGS:
+    if word in _TRUE_WORDS:
         return True
     if word in _FALSE_WORDS:
         return False
@@ -180,11 +189,29 @@ def _unknown(key: str, known: list[str]) -> str:
     return f"settings.RELIER has an unknown key {key!r} (known keys: {', '.join(known)})"
 
 
+def unknown_environment() -> list[str]:
+    """One message per ``RELIER_*`` environment variable that names no setting.
+
+    A misspelled variable (``RELIER_HEARTBEAT_TTL`` for ``RELIER_HEARTBEAT_TTL_S``) is
+    otherwise ignored without a word, and the default it meant to change stays in force.
+    """
+    known = sorted(CONFIG_KEYS + DJANGO_KEYS)
+    found = []
+    for name in sorted(n for n in os.environ if n.startswith(_ENV_PREFIX)):
+        key = name.removeprefix(_ENV_PREFIX)
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, known, n=1)
+        guess = f"did you mean {_ENV_PREFIX}{close[0]}?" if close else "no setting has that name"
+        found.append(f"the environment variable {name} is not a relier setting ({guess})")
+    return found
+
+
 def _read(upper: str, given: dict[str, Any]) -> tuple[Any, str] | None:
     """The raw value of one setting and where it came from; the environment wins."""
-    env_name = f"RELIER_{upper}"
-    if env_name in _env.ENVIRON:
-        return _env.str(env_name), f"the environment variable {env_name}"
+    env_name = f"{_ENV_PREFIX}{upper}"
+    if env_name in os.environ:
+        return os.environ[env_name], f"the environment variable {env_name}"
     if upper in given:
         return given[upper], f"settings.RELIER[{upper!r}]"
     return None
@@ -239,14 +266,15 @@ def config_values() -> dict[str, Any]:
         SettingsError: unknown keys, badly typed values, or a Redis location that
             cannot be resolved (see :func:`cache_redis_url`): all of them at once.
     """
-    values, problems = _config_values()
+    values, _, problems = _config_values()
     if problems:
         raise SettingsError(problems)
     return values
 
 
-def _config_values() -> tuple[dict[str, Any], list[str]]:
-    """What :func:`config_values` returns, and every problem found on the way."""
+def _config_values() -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """What :func:`config_values` returns, where each value came from, and every
+    problem found on the way."""
     given, problems = _given()
     values, sources, bad = _read_typed(core_config.Config, given)
     django_values, django_sources, django_bad = _read_typed(DjangoSettings, given)
@@ -264,7 +292,7 @@ def _config_values() -> tuple[dict[str, Any], list[str]]:
                 values["redis_url"] = cache_redis_url(alias)
             except ImproperlyConfigured as exc:
                 problems.append(str(exc))
-    return values, problems
+    return values, sources, problems
 
 
 @functools.cache
@@ -272,18 +300,27 @@ def get_config() -> core_config.Config:
     """Build the core config from settings.RELIER and RELIER_* environment variables.
 
     Raises:
-        SettingsError: every problem :func:`config_values` finds, plus the first
-            problem ``Config`` finds in the values that could be read (it names the
-            field); an ``ImproperlyConfigured`` and a core ``ConfigError``.
+        SettingsError: every problem :func:`config_values` finds, plus every problem
+            ``Config`` finds in the values that could be read, each naming the setting
+            it came from; an ``ImproperlyConfigured`` and a core ``ConfigError``.
     """
-    values, problems = _config_values()
+    values, sources, problems = _config_values()
+    for unknown in unknown_environment():  # once per process: get_config is cached
+        logger.warning("%s; it is ignored", unknown)
     try:
         cfg = core_config.Config(**values)
     except ConfigError as exc:
-        raise SettingsError([*problems, str(exc)]) from exc
+        own = [_named(field, sources) + text for field, text in exc.by_field] or [str(exc)]
+        raise SettingsError([*problems, *own]) from exc
     if problems:
         raise SettingsError(problems)
     return cfg
+
+
+def _named(field: str, sources: dict[str, str]) -> str:
+    # A value that was not given is at fault only with another one (the heartbeat's
+    # interval against its TTL): it is named as the setting left at its default.
+    return sources.get(field) or f"{field.upper()} (unset, its default)"
 
 
 def cache_redis_url(alias: str) -> str:

@@ -36,7 +36,7 @@ from celery.backends.base import BaseBackend
 from django.core.exceptions import ImproperlyConfigured
 
 from . import conf
-from .core.model import config
+from .core.model import config, links
 from .core.model.redaction import redact
 from .core.store import chords
 from .core.store.connection import sync_client
@@ -89,7 +89,7 @@ class RelierBackend(BaseBackend):
         if fallback is None:
             raise NotImplementedError(
                 f"{what} needs a result backend for Celery's own records: set {_SETTING} "
-                "to one (e.g. redis://host:6379/1); see docs/results.md"
+                f"to one (e.g. redis://host:6379/1); see {links.doc('results.md')}"
             )
         return fallback
 

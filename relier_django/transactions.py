@@ -14,6 +14,7 @@ from collections.abc import Callable
 from celery import current_app
 from django.db import transaction
 
+from . import discovery
 from .core.push import producer
 from .core.store.receipt import Receipt
 
@@ -54,7 +55,9 @@ def replay(envelope: str) -> Receipt:
 
     Safe to repeat: the task keeps its id; a second copy of a stored task is refused
     by the worker (one start per fence), and a replay of a task that finished within
-    ``RESULT_TTL_S`` raises ``DuplicateTaskId``. See
+    ``RESULT_TTL_S`` raises ``DuplicateTaskId``. Imports the project's task modules
+    first, as a worker does, so it works from a fresh ``manage.py shell``. See
     ``relier_django.core.push.producer.replay``.
     """
+    discovery.import_task_modules()
     return producer.replay(current_app, envelope)

@@ -12,7 +12,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
-from .model import arguments, config, workflow
+from .model import arguments, config, links, workflow
 from .model import options as options_mod
 from .model.errors import TaskFailed
 from .model.idem_key import KeyOption
@@ -173,7 +173,7 @@ def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
             raise TypeError(
                 f"chain step {what!r} is not an @rl_task: relier creates each step in the "
                 "same script that commits the one before, which it cannot do for a plain "
-                "Celery task, a group or a chord (docs/workflows.md)"
+                f"Celery task, a group or a chord ({links.doc('workflows.md')})"
             )
         options = sig.options
         if options.get("chord") is not None:

@@ -57,13 +57,24 @@ def relier(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
     on the way in and on the way out.
     """
     monkeypatch.delenv("RELIER_REDIS_URL", raising=False)
+    # Celery reads CELERY_BROKER_URL from the environment before its conf: gone, so the
+    # conf's broker_url (set below, and by the broker tests) is the one checked.
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    broker_url = current_app.conf.broker_url
     with contextlib.ExitStack() as stack:
 
         def apply(caches: dict | None = None, **relier_settings: object) -> None:
             extra = {"CACHES": caches} if caches is not None else {}
             stack.enter_context(override_settings(RELIER=relier_settings, **extra))
+            # Celery's broker on relier's server, as the testproject has it: the broker
+            # check (relier.W001/E003/E004 for the broker) has its own tests below.
+            with contextlib.suppress(ImproperlyConfigured):
+                current_app.conf.broker_url = conf.get_config().redis_url
 
-        yield apply
+        try:
+            yield apply
+        finally:
+            current_app.conf.broker_url = broker_url
 
 
 @pytest.fixture
@@ -79,6 +90,7 @@ def celery_conf() -> Iterator[object]:
             "task_queues",
             "broker_url",
             "broker_transport",
+            "imports",
         )
     }
     try:
@@ -156,6 +168,25 @@ def test_appendfsync_no_is_a_warning(start_redis, relier):
     relier(REDIS_URL=start_redis("--appendfsync", "no").url)
     warning = by_id("relier.W004")
     assert not warning.is_serious() and "appendfsync everysec" in warning.hint
+
+
+def test_celerys_broker_on_another_redis_is_held_to_the_same_rules(start_redis, relier):
+    store = start_redis()
+    broker = start_redis("--appendonly", "no", "--maxmemory-policy", "allkeys-lru")
+    relier(REDIS_URL=store.url)
+    current_app.conf.broker_url = broker.url  # the fixture restores it
+    aof, evicting = by_id("relier.E003"), by_id("relier.E004")
+    assert f"127.0.0.1:{broker.port}" in aof.msg and "Celery's broker" in aof.msg
+    assert "QUEUED_GRACE_S" in aof.msg and "plain Celery tasks are lost" in aof.msg
+    assert "Celery's broker" in evicting.msg and "'allkeys-lru'" in evicting.msg
+    assert "maxmemory-policy noeviction" in evicting.hint
+    # Another database of relier's own server is the server check_redis already checked.
+    current_app.conf.broker_url = store.url.rsplit("/", 1)[0] + "/3"
+    assert relier_messages() == []
+    current_app.conf.broker_url = f"redis://127.0.0.1:{free_port()}/0"
+    assert "Celery's broker" in by_id("relier.W001").msg and "CELERY_BROKER_URL" in (
+        by_id("relier.W001").hint
+    )
 
 
 def test_the_development_opt_out_silences_the_durability_checks(start_redis, relier, monkeypatch):
@@ -250,10 +281,42 @@ def test_every_bad_setting_is_its_own_e001_at_once(relier):
     errors = [m for m in relier_messages() if m.id == "relier.E001"]
     assert [e.msg for e in errors] == [
         "settings.RELIER has an unknown key 'HEARTBEAT_TTL' (did you mean 'HEARTBEAT_TTL_S'?)",
-        "settings.RELIER['MAX_RETRIES'] must be a int, got 'lots'",
-        "resurrect_batch must be >= 1",
+        "settings.RELIER['MAX_RETRIES'] must be an int, got 'lots'",
+        "settings.RELIER['RESURRECT_BATCH'] must be >= 1",
     ]
     assert ids() == ["relier.E001"] * 3  # the Redis and task checks do not pile on
+
+
+def test_every_value_config_refuses_is_reported_by_its_setting_name(relier, monkeypatch):
+    monkeypatch.setenv("RELIER_SCAN_INTERVAL_S", "0")
+    relier(RESURRECT_BATCH=0, MAX_RETRIES=-1, HEARTBEAT_INTERVAL_S=20)
+    errors = [m for m in relier_messages() if m.id == "relier.E001"]
+    assert "HEARTBEAT_INTERVAL_S (20) is not below" in by_id("relier.E002").msg
+    assert sorted(e.msg for e in errors) == sorted([
+        "settings.RELIER['RESURRECT_BATCH'] must be >= 1",
+        "the environment variable RELIER_SCAN_INTERVAL_S must be > 0",
+        "settings.RELIER['MAX_RETRIES'] must be >= 0",
+    ]) or errors  # fmt: skip
+    # The hint points at the published settings page: the docs are not in the package.
+    assert "https://github.com/relier-django/relier-django/blob/main/docs/settings.md" in (
+        errors[0].hint
+    )
+
+
+def test_a_misspelled_environment_variable_is_a_warning_naming_the_setting(
+    start_redis, relier, monkeypatch, caplog
+):
+    monkeypatch.setenv("RELIER_HEARTBEAT_TTL", "3")
+    relier(REDIS_URL=start_redis().url)
+    warning = by_id("relier.W007")
+    assert "RELIER_HEARTBEAT_TTL is not a relier setting" in warning.msg
+    assert "did you mean RELIER_HEARTBEAT_TTL_S?" in warning.msg
+    assert ids() == ["relier.W007"]
+    # A worker runs no checks: loading the settings logs it too.
+    conf.clear_cache()
+    with caplog.at_level("WARNING", logger="relier_django.conf"):
+        conf.get_config()
+    assert "RELIER_HEARTBEAT_TTL is not a relier setting" in caplog.text
 
 
 def test_a_badly_typed_secret_is_reported_without_its_value(relier):
@@ -396,6 +459,27 @@ def test_a_queue_no_worker_consumes_is_a_warning(start_redis, relier, register_t
     # Declaring what the workers consume (their -Q) settles it.
     relier(REDIS_URL=url, WORKER_QUEUES=["celery", "reports"])
     assert ids() == []
+
+
+def test_a_task_loaded_through_celery_imports_is_checked_too(start_redis, relier, celery_conf):
+    module = "tests.integration.imported_only_tasks"
+    relier(REDIS_URL=start_redis().url)
+    celery_conf.imports = (module,)
+    try:
+        warning = by_id("relier.W003")
+        assert "'checks.imported_invoice'" in warning.msg and "'invoices'" in warning.msg
+    finally:
+        current_app.tasks.unregister("checks.imported_invoice")
+        sys.modules.pop(module, None)
+
+
+def test_a_module_in_celery_imports_that_cannot_be_imported_is_an_error(
+    start_redis, relier, celery_conf
+):
+    relier(REDIS_URL=start_redis().url)
+    celery_conf.imports = ("billing.taskz",)
+    error = by_id("relier.E011")
+    assert "'billing.taskz'" in error.msg and "ModuleNotFoundError" in error.msg
 
 
 def test_task_routes_are_followed_to_find_a_tasks_queue(

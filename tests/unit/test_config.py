@@ -49,7 +49,7 @@ def test_badly_typed_environment_value_is_a_clear_error(settings, monkeypatch):
     settings.RELIER = {}
     monkeypatch.setenv("RELIER_MAX_RETRIES", "lots")
     conf.get_config.cache_clear()
-    with pytest.raises(ImproperlyConfigured, match="RELIER_MAX_RETRIES must be a int"):
+    with pytest.raises(ImproperlyConfigured, match="RELIER_MAX_RETRIES must be an int"):
         conf.get_config()
 
 
@@ -106,9 +106,9 @@ def test_every_bad_key_and_value_is_reported_at_once_on_one_line(settings, monke
     problems = raised.value.problems
     assert len(problems) == 4, problems
     assert "'HEARTBEAT_TTL' (did you mean 'HEARTBEAT_TTL_S'?)" in problems[0]
-    assert "settings.RELIER['MAX_RETRIES'] must be a int, got 2.9" in problems
+    assert "settings.RELIER['MAX_RETRIES'] must be an int, got 2.9" in problems
     assert any("RELIER_EMBEDDED_RESURRECTOR must be a bool" in p for p in problems)
-    assert problems[-1] == "resurrect_batch must be >= 1"  # Config's own check, last
+    assert problems[-1] == "settings.RELIER['RESURRECT_BATCH'] must be >= 1"  # Config's own, last
     assert str(raised.value) == "; ".join(problems) and "\n" not in str(raised.value)
     # Django sees ImproperlyConfigured; a worker (core code) sees a ConfigError.
     assert isinstance(raised.value, ImproperlyConfigured)
@@ -140,11 +140,11 @@ def test_a_worker_refuses_to_start_with_one_line_naming_every_bad_setting(monkey
     from relier_django.core.worker import signals
 
     def provider() -> Config:
-        raise conf.SettingsError(["RELIER_A must be a int, got 'x'", "unknown key 'B'"])
+        raise conf.SettingsError(["RELIER_A must be an int, got 'x'", "unknown key 'B'"])
 
     monkeypatch.setattr(config, "_provider", provider)
     with pytest.raises(SystemExit) as raised:
         signals._on_worker_init()
     line = str(raised.value.code)
-    assert "RELIER_A must be a int, got 'x'; unknown key 'B'" in line
+    assert "RELIER_A must be an int, got 'x'; unknown key 'B'" in line
     assert "refuses to start" in line and "\n" not in line

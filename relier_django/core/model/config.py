@@ -65,6 +65,9 @@ class Config:
     checkpoint_max_bytes: int = 65_536
     # Larger ones go to files here (Redis keeps a reference); unset: they are refused.
     checkpoint_dir: str | None = None
+    # A push whose encoded task (its arguments, mostly) is larger is refused: Redis keeps
+    # it until the result expires. Large data belongs elsewhere, passed by reference.
+    arguments_max_bytes: int = 1_048_576
     # Rate limiter (relier_django.ratelimit): the reverse proxies (IPs or CIDR networks)
     # whose X-Forwarded-For is believed, and what a view does when Redis is unreachable.
     trusted_proxies: tuple[str, ...] = ()
@@ -88,42 +91,66 @@ class Config:
     slo_objective: float = 0.999
 
     def __post_init__(self) -> None:
+        found = self.problems()
+        if found:
+            raise ConfigError("; ".join(field + text for field, text in found), found)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Every value that cannot work, not only the first: ``(field, text)`` pairs
+        whose ``field + text`` reads as a sentence ("resurrect_batch must be >= 1")."""
+        found: list[tuple[str, str]] = []
         if self.heartbeat_ttl_s <= 0:
-            raise ConfigError("heartbeat_ttl_s must be > 0")
+            found.append(("heartbeat_ttl_s", " must be > 0"))
         if self.heartbeat_interval_s is not None and not (
             0 < self.heartbeat_interval_s < self.heartbeat_ttl_s
         ):
-            raise ConfigError(
-                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be > 0 and below "
-                f"heartbeat_ttl_s ({self.heartbeat_ttl_s}), or a task's heartbeat expires "
-                "between two refreshes"
-            )
-        for name in ("resurrect_batch", "max_concurrent_sends"):
+            found.append((
+                "heartbeat_interval_s",
+                f" ({self.heartbeat_interval_s}) must be > 0 and below heartbeat_ttl_s "
+                f"({self.heartbeat_ttl_s}), or a task's heartbeat expires between two refreshes",
+            ))  # fmt: skip
+        for name in (
+            "resurrect_batch", "max_concurrent_sends", "checkpoint_max_bytes",
+            "arguments_max_bytes",
+        ):  # fmt: skip
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1")
+                found.append((name, " must be >= 1"))
         for name in ("scan_interval_s", "resurrect_lease_s", "leader_lease_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:  # leader_lease_s may be None (derived)
-                raise ConfigError(f"{name} must be > 0")
-        if self.drain_timeout_s < 0:
-            raise ConfigError("drain_timeout_s must be >= 0")
-        if self.checkpoint_max_bytes < 1:
-            raise ConfigError("checkpoint_max_bytes must be >= 1")
-        for name in ("max_resurrections", "max_retries", "result_ttl_s", "recovery_max_depth"):
+                found.append((name, " must be > 0"))
+        for name in (
+            "drain_timeout_s", "max_resurrections", "max_retries", "result_ttl_s",
+            "recovery_max_depth",
+        ):  # fmt: skip
             if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0")
-        _check_networks("trusted_proxies", self.trusted_proxies)
-        signing.check_keys(self.signing_keys, "signing_keys")
-        self._check_sentinels()
-        self.task_admission_limits()  # raises ConfigError on a malformed entry
-        if self.admission_limit is not None:
-            _rate("admission_limit", self.admission_limit)
+                found.append((name, " must be >= 0"))
         if not 0 < self.slo_objective < 1:
-            raise ConfigError(
-                f"slo_objective must be > 0 and < 1, e.g. 0.999, not {self.slo_objective}"
+            found.append(
+                ("slo_objective", f" must be > 0 and < 1, e.g. 0.999, not {self.slo_objective}")
             )
         if not self.key_prefix or any(c in self.key_prefix for c in "{} "):
-            raise ConfigError("key_prefix must be non-empty, without braces or spaces")
+            found.append(("key_prefix", " must be non-empty, without braces or spaces"))
+        checks: tuple[tuple[str, Callable[[], object]], ...] = (
+            ("trusted_proxies", lambda: _check_networks("trusted_proxies", self.trusted_proxies)),
+            ("signing_keys", lambda: signing.check_keys(self.signing_keys, "signing_keys")),
+            ("sentinels", self._check_sentinels),
+            ("admission_task_limits", self.task_admission_limits),
+            ("admission_limit", lambda: self.admission_limit is None
+                or _rate("admission_limit", self.admission_limit)),
+        )  # fmt: skip
+        for name, check in checks:
+            try:
+                check()
+            except ConfigError as exc:
+                message = str(exc)
+                # The helpers' messages start with the field's name (or another field's,
+                # for the sentinel pair): keep the sentence whole either way.
+                field = max((f for f in FIELDS if message.startswith(f)), key=len, default=name)
+                found.append(
+                    (field, message[len(field) :] if message.startswith(field) else f": {message}")
+                )
+        return found
 
     def task_admission_limits(self) -> dict[str, Rate]:
         """``admission_task_limits`` as task name -> rate."""

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from kombu.exceptions import OperationalError
+
 
 class RelierError(Exception):
     """Root of relier_django's exceptions."""
@@ -9,7 +13,18 @@ class RelierError(Exception):
 
 class ConfigError(RelierError, ValueError):
     """A setting has a value that cannot work. The Django layer re-raises it as
-    ``ImproperlyConfigured``."""
+    ``ImproperlyConfigured``.
+
+    Attributes:
+        by_field: one ``(field, text)`` per bad value, when the error comes from
+            ``Config`` itself: the message is each field name followed by its text, so
+            the Django layer can name the setting (``settings.RELIER['X']`` or
+            ``RELIER_X``) in place of the field.
+    """
+
+    def __init__(self, message: str, by_field: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.by_field: tuple[tuple[str, str], ...] = tuple(by_field)
 
 
 class EnvelopeError(RelierError):
@@ -98,6 +113,39 @@ class CheckpointTooLarge(RelierError):
         )
         self.size = size
         self.limit = limit
+
+
+class ArgumentsTooLarge(RelierError, ValueError):
+    """A push whose encoded task is larger than ARGUMENTS_MAX_BYTES: refused before
+    anything is stored. Redis keeps every task's envelope until its result expires, so
+    a large argument costs memory on every server that holds it, for a day.
+
+    Attributes:
+        size: the encoded task's size in bytes.
+        limit: ARGUMENTS_MAX_BYTES.
+        largest: the largest argument's name (``"args[0]"`` for a positional one).
+    """
+
+    def __init__(self, task: str, size: int, limit: int, largest: str, largest_size: int) -> None:
+        super().__init__(
+            f"{task}: the task's arguments take {size} bytes encoded, above "
+            f"ARGUMENTS_MAX_BYTES ({limit}); the largest is {largest} ({largest_size} bytes). "
+            "Store the data elsewhere (a model row, a file, object storage) and pass its "
+            "id, or raise settings.RELIER['ARGUMENTS_MAX_BYTES']"
+        )
+        self.size, self.limit, self.largest = size, limit, largest
+
+
+class PushFailed(RelierError, OperationalError):
+    """A push sent at once (no transaction open, or ``on_commit=False``) could not reach
+    relier's Redis or Celery's broker, after the client's retries. Nothing was stored,
+    so nothing will run: retry the push, or answer the request with an error (HTTP 503).
+
+    Also kombu's ``OperationalError``, which is what Celery's ``apply_async`` raises
+    when the broker is down: code written for Celery keeps catching it. Inside
+    ``transaction.atomic()`` a push is sent at the commit and never raises this (see
+    docs/transactions.md).
+    """
 
 
 class TaskLost(BaseException):

@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from . import links
+
 #: Celery's option -> relier's, where the meaning is the same.
 ALIASES: Mapping[str, str] = {
     "autoretry_for": "retry_on",
@@ -103,7 +105,7 @@ _BEAT_HEADERS = frozenset({"celery_beat_task", "periodic_task_name"})
 _CALL_CANVAS = frozenset({"link", "link_error"})
 _CANVAS_WHY = (
     "is not supported yet: callbacks (link) need workflows relier can commit with each "
-    "step; use a chain or a chord instead (canvas: docs/workflows.md)"
+    f"step; use a chain or a chord instead (canvas: {links.doc('workflows.md')})"
 )
 
 
@@ -141,7 +143,7 @@ def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
             raise TypeError(f"apply_async({name}=...): route relier tasks with queue=")
         else:
             raise TypeError(
-                f"apply_async({name}=...) is not supported by @rl_task tasks; "
-                "supported: task_id, queue, countdown, eta, expires (see docs/from-celery.md)"
+                f"apply_async({name}=...) is not supported by @rl_task tasks; supported: "
+                f"task_id, queue, countdown, eta, expires (see {links.doc('from-celery.md')})"
             )
     return out

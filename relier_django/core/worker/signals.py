@@ -34,7 +34,7 @@ from typing import Any
 import redis
 from celery import signals
 
-from ..model import config
+from ..model import config, links
 from ..model.envelope import decode
 from ..model.errors import EnvelopeError
 from ..recovery.scanner import Scanner
@@ -102,7 +102,7 @@ def _startup_config() -> config.Config:
         raise SystemExit(
             f"relier_django: its settings cannot be loaded: {detail}; this worker refuses "
             "to start, since it would fail every task it took. Correct them in "
-            "settings.RELIER or the RELIER_* environment variables (docs/settings.md)."
+            f"settings.RELIER or the RELIER_* environment variables ({links.doc('settings.md')})."
         ) from exc
 
 
