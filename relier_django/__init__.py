@@ -14,10 +14,12 @@ from .core.extras.lock import Lock, lock
 from .core.model import config as _config
 from .core.model.errors import (
     AdmissionRejected,
+    ArgumentsTooLarge,
     CheckpointTooLarge,
     DuplicateTaskId,
     LockLost,
     LockNotAcquired,
+    PushFailed,
     RelierError,
     TaskCancelled,
     TaskFailed,
@@ -33,6 +35,7 @@ from .core.worker.context import TaskContext
 
 __all__ = [
     "AdmissionRejected",
+    "ArgumentsTooLarge",
     "Cancelled",
     "CheckpointTooLarge",
     "DispatchState",
@@ -41,6 +44,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "NotDispatched",
+    "PushFailed",
     "Receipt",
     "RelierError",
     "RelierTask",

@@ -6,9 +6,11 @@ See docs/api.md, "Arguments are JSON".
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .errors import ArgumentsTooLarge
 from .spec import TaskSpec
 
 # json would quietly turn the key 1 into "1" (so the task's d[1] fails, and {1: "x"}
@@ -116,3 +118,24 @@ def check(spec: TaskSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Non
             else:
                 shown = f"argument {name!r} is {exc.what}"
             raise TypeError(f"{spec.name}: {shown}, {exc.why}; {_JSON_RULE}") from None
+
+
+def check_size(
+    spec: TaskSpec, args: Sequence[Any], kwargs: Mapping[str, Any], encoded: str, limit: int
+) -> None:
+    """Raise ``ArgumentsTooLarge`` when the encoded task is above ``limit`` bytes,
+    naming the largest argument. A UTF-8 character takes at most 4 bytes, so a task
+    well within the limit is not even encoded to count them."""
+    if len(encoded) * 4 <= limit:
+        return
+    size = len(encoded.encode())
+    if size <= limit:
+        return
+    sizes = {f"args[{i}]": _encoded_size(value) for i, value in enumerate(args)}
+    sizes.update({f"kwargs[{name!r}]": _encoded_size(value) for name, value in kwargs.items()})
+    largest = max(sizes, key=sizes.__getitem__, default="(none)")
+    raise ArgumentsTooLarge(spec.name, size, limit, largest, sizes.get(largest, 0))
+
+
+def _encoded_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())

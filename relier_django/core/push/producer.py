@@ -23,10 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis.exceptions
+from kombu.exceptions import OperationalError
+
 from ..broker import publish
 from ..model import arguments, config, tracing, workflow
 from ..model.envelope import Envelope, decode
-from ..model.errors import AdmissionRejected, DuplicateTaskId
+from ..model.errors import AdmissionRejected, DuplicateTaskId, PushFailed
 from ..model.idem_key import derive_key
 from ..model.spec import TaskSpec
 from ..model.timing import NOW, Timing
@@ -146,6 +149,7 @@ class _Push:
         cfg = config.current()
         env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id, chord)
         encoded = env.encode(cfg.signer)
+        arguments.check_size(spec, args, kwargs, encoded, cfg.arguments_max_bytes)
         record = _record_of(env, position)
         return cls(cfg, spec, env, encoded, KeySpace.of(cfg), when=when, record=record)
 
@@ -184,7 +188,7 @@ class _Push:
             )
         if stored.stored:
             return None
-        logger.info("idempotent duplicate task=%s task_id=%s", self.env.task, stored.task_id)
+        logger.debug("idempotent duplicate task=%s task_id=%s", self.env.task, stored.task_id)
         return Receipt(stored.task_id, deduplicated=True, config=self.cfg)
 
     def receipt(self) -> Receipt:
@@ -325,7 +329,10 @@ def push(
             return diverted
         if on_commit and (deferred := p.defer(app, using)) is not None:
             return deferred
-        return p.send_now(app, sync_client(p.cfg))
+        try:
+            return p.send_now(app, sync_client(p.cfg))
+        except UNREACHABLE as exc:
+            raise _failed(p, exc) from exc
 
 
 async def apush(
@@ -359,7 +366,31 @@ async def apush(
             return diverted
         if on_commit and (deferred := p.defer(app, using)) is not None:
             return deferred
-        return await p.asend_now(app, async_client(p.cfg))
+        try:
+            return await p.asend_now(app, async_client(p.cfg))
+        except UNREACHABLE as exc:
+            raise _failed(p, exc) from exc
+
+
+UNREACHABLE: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    OperationalError,  # kombu's: the broker, when it is not the store's server
+    OSError,
+)
+"""What a push sent at once raises when Redis or the broker cannot be reached (after
+the client's own retries): :func:`push` turns each into ``PushFailed``."""
+
+
+def _failed(p: _Push, exc: BaseException) -> PushFailed:
+    return PushFailed(
+        f"{p.spec.name}: the push of task {p.env.id} could not reach relier's Redis or "
+        f"Celery's broker ({type(exc).__name__}: {exc}). The task was not stored, so it "
+        "will not run: push again, or answer the request with an error (e.g. HTTP 503). "
+        "(In the rare case the store succeeded and only the publish and its undo failed, "
+        f"the stored task runs once after QUEUED_GRACE_S ({p.cfg.queued_grace_s:g} s), "
+        "and a push again with the same task_id raises DuplicateTaskId.)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,7 +143,7 @@ class Dispatcher:
             # once the lease runs out.
             logger.error("scheduled publish failed task_id=%s", env.id, exc_info=True)
             return False
-        logger.info("dispatched scheduled task_id=%s task=%s", env.id, env.task)
+        logger.debug("dispatched scheduled task_id=%s task=%s", env.id, env.task)
         return True
 
     def _dead(

@@ -462,7 +462,7 @@ class Runner:
             )  # fmt: skip
             raise _Unrunnable(failure) from exc
         if call.migrated_from is not None:
-            logger.info(
+            logger.debug(
                 "migrated arguments task_id=%s schema v%s->v%s",
                 env.id, call.migrated_from, schema.version,
             )  # fmt: skip
@@ -484,7 +484,7 @@ class Runner:
 
     def _committed(self, env: Envelope, done: Transition) -> bool:
         if done.accepted:
-            logger.info("committed task_id=%s fence=%s", env.id, env.fence)
+            logger.debug("committed task_id=%s fence=%s", env.id, env.fence)
         else:
             logger.warning(
                 "stale commit rejected task_id=%s fence=%s current_fence=%s",

@@ -1,0 +1,84 @@
+"""What a push refuses and how it fails, as a user meets it (docs/api.md, "What a push
+raises"): arguments too large for the store, Redis down outside a transaction, and
+``replay()`` from a fresh ``manage.py shell``. Real Redis, real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from kombu.exceptions import OperationalError
+
+from relier_django import ArgumentsTooLarge, PushFailed, RelierError, conf
+from relier_django.core.push import producer
+from testproject.demo import tasks
+from testproject.harness import REPO_ROOT, free_port, worker_env
+
+
+def test_an_argument_above_the_limit_is_refused_naming_it_and_the_setting(redis_client, settings):
+    settings.RELIER = {**settings.RELIER, "ARGUMENTS_MAX_BYTES": 10_000}
+    before = redis_client.dbsize()
+    with pytest.raises(ArgumentsTooLarge) as refused:
+        tasks.record.push(sleep_s=0, label="x" * 20_000)
+    message = str(refused.value)
+    assert "kwargs['label'] (20002 bytes)" in message and "ARGUMENTS_MAX_BYTES (10000)" in message
+    assert "pass its id" in message and isinstance(refused.value, ValueError)
+    assert redis_client.dbsize() == before  # refused before anything was stored
+    # A non-ASCII argument is measured in bytes, as Redis stores it.
+    with pytest.raises(ArgumentsTooLarge, match=r"args\[0\] \(15002 bytes\)"):
+        tasks.record.push("é" * 7500, 0)
+    assert tasks.record.push("x" * 9_000, 0).task_id  # within the limit: stored
+
+
+def test_the_default_limit_refuses_ten_megabytes_and_takes_half_a_megabyte(redis_client):
+    with pytest.raises(
+        ArgumentsTooLarge, match=r"ARGUMENTS_MAX_BYTES \(1048576\); the largest is args\[0\]"
+    ):
+        tasks.record.push("x" * 10_000_000, 0)
+    assert tasks.record.push("x" * 500_000, 0).task_id  # stored: no worker needed
+
+
+def test_redis_down_outside_a_transaction_raises_push_failed(redis_server, monkeypatch):
+    monkeypatch.setenv("RELIER_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    conf.clear_cache()
+    try:
+        with pytest.raises(PushFailed) as failed:
+            tasks.record.push_with(on_commit=False).push("nowhere", 0)
+    finally:
+        monkeypatch.undo()
+        conf.clear_cache()
+    # Celery code catches kombu's OperationalError (what apply_async raises): still caught.
+    assert isinstance(failed.value, OperationalError) and isinstance(failed.value, RelierError)
+    assert "was not stored" in str(failed.value) and "HTTP 503" in str(failed.value)
+    assert failed.value.__cause__ is not None  # the client's own error, kept
+
+
+def test_replay_from_a_fresh_shell_finds_the_task_without_importing_it(redis_server, redis_client):
+    env = producer.prepare(tasks.record.relier_spec, ("from-the-log", 0), {})
+    code = (
+        "import sys; from relier_django.transactions import replay; "
+        "print(replay(sys.stdin.read()).task_id)"
+    )
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        input=env.encode(), capture_output=True, text=True, cwd=REPO_ROOT,
+        env=worker_env(redis_server.url), timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == env.id
+    assert redis_client.exists(f"rl:t:{{{env.id}}}")  # stored and queued, under its own id
+
+
+def test_info_stays_quiet_in_the_normal_course_of_a_task(worker_factory, relier_log, redis_client):
+    """docs/observability.md, "Loggers": per-task lines are DEBUG, INFO is for operators."""
+    relier_log.set_level("INFO", logger="relier_django")
+    first = tasks.charge.push("order-1", 100)
+    assert tasks.charge.push("order-1", 100).duplicate_of == first.task_id  # idempotent
+    assert not [r for r in relier_log.records if r.name.startswith("relier_django.producer")]
+    # A worker at the level a project sets (INFO, the testproject's own DEBUG undone).
+    worker = worker_factory(extra_env={"TESTPROJECT_RUNNER_LOG_LEVEL": "INFO"})
+    first.get(timeout=30)
+    log = worker.log_text()
+    assert f"{first.task_id}] succeeded" in log  # Celery's own line, for contrast
+    assert "committed task_id=" not in log
