@@ -112,6 +112,19 @@ postgres_bindir() {  # the dir with initdb and postgres: Debian's newest, pg_con
   return 1
 }
 
+ensure_rabbitmq() {
+  # The broker tests' private node (testproject/rabbitmq.py) runs the package's scripts from
+  # /usr/lib/rabbitmq/bin under a name, ports and epmd of its own.
+  if [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] && command -v epmd >/dev/null 2>&1; then return 0; fi
+  say "RabbitMQ is missing; installing Debian's rabbitmq-server with apt-get"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq rabbitmq-server >/dev/null
+  # Debian's package starts a node of its own on 5672 and epmd on 4369; we never use them.
+  [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || { say "rabbitmq-server still missing after apt-get"; exit 1; }
+}
+
 ensure_postgres() {
   # The on_commit tests' second database: each test session runs initdb and postgres from
   # here into a temp dir of its own, on a free port (testproject/postgres.py).
@@ -132,4 +145,5 @@ ensure_redis
 ensure_chromium
 ensure_prometheus
 ensure_postgres
+ensure_rabbitmq
 say "ready: $("$VENV/bin/python" -V 2>&1), Django $("$VENV/bin/python" -c 'import django; print(django.get_version())'), $(redis-server --version | cut -d' ' -f1-3), $(chromium --version 2>/dev/null), $(prometheus --version 2>&1 | head -n1 | cut -d' ' -f1-3), $("$(postgres_bindir)/postgres" --version)"

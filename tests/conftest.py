@@ -21,6 +21,8 @@ from testproject.lostreply import LostReplyProxy
 from testproject.postgres import PostgresServer
 from testproject.shared_db import SharedDatabase
 
+pytest_plugins = ["tests.rabbit"]  # the rabbit_server fixture: a private RabbitMQ node
+
 TESTS_DIR = Path(__file__).resolve().parent
 POSTGRES_URL_ENV = "TESTPROJECT_POSTGRES_URL"
 _POSTGRES = pytest.StashKey[PostgresServer]()
