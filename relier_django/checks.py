@@ -361,6 +361,67 @@ def _same_server(url: str, cfg: Config) -> bool:
 
 
 @register(TAG)
+def check_rabbitmq(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """For a RabbitMQ broker (``amqp://``): relier.W008 (publishes without publisher
+    confirms) and relier.W009 (quorum queues with a delivery limit).
+
+    Returns:
+        The warnings, empty for another broker or a RabbitMQ set up as relier needs.
+    """
+    found = _settings()
+    if found is None:
+        return []
+    cfg = found[0]
+    celery_conf = current_app.conf
+    url = str(celery_conf.broker_url or "").split(";", 1)[0].strip()
+    if urlsplit(url).scheme not in ("amqp", "amqps", "pyamqp"):
+        return []
+    late = f"QUEUED_GRACE_S ({cfg.queued_grace_s:g} s)"
+    messages: list[CheckMessage] = []
+    if not (celery_conf.broker_transport_options or {}).get("confirm_publish"):
+        messages.append(
+            CheckWarning(
+                "Celery publishes to RabbitMQ without publisher confirms: push() returns "
+                "before the broker has the message, so a message lost with a node or a "
+                f"connection leaves its task to run only after {late}.",
+                hint='Set CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}: '
+                "push() then returns once RabbitMQ has the message.",
+                id="relier.W008",
+            )
+        )
+    limited = _quorum_queues_with_a_delivery_limit(celery_conf)
+    if limited:
+        messages.append(
+            CheckWarning(
+                f"The quorum queue(s) {', '.join(limited)} drop a message redelivered more "
+                "times than their delivery limit (20 unless set, since RabbitMQ 4.0), "
+                f"without a word: its task then waits {late} until relier re-dispatches "
+                "it from its stored copy.",
+                hint="Give each queue 'x-delivery-limit': -1 in its queue_arguments (or a "
+                "RabbitMQ policy with delivery-limit -1, RabbitMQ 4.0+), so only relier "
+                "decides when a task stops: its retries, resurrections and DLQ.",
+                id="relier.W009",
+            )
+        )
+    return messages
+
+
+def _quorum_queues_with_a_delivery_limit(celery_conf: Any) -> list[str]:
+    declared = celery_conf.task_queues
+    queues = list(declared.values() if isinstance(declared, Mapping) else declared or ())
+    limited = []
+    for queue in queues:
+        arguments = getattr(queue, "queue_arguments", None) or {}
+        if arguments.get("x-queue-type") == "quorum" and arguments.get("x-delivery-limit") != -1:
+            limited.append(repr(getattr(queue, "name", queue)))
+    if not queues and celery_conf.task_default_queue_type == "quorum":
+        limited.append(repr(celery_conf.task_default_queue))  # Celery declares it bare
+    return limited
+
+
+@register(TAG)
 def check_celery_serializers(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:

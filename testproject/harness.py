@@ -238,6 +238,10 @@ def reset_celery_connections(app: Any) -> None:
     kombu.pools.reset()
     app._pool = None
     app.amqp._producer_pool = None
+    # The queues (and the router that reads them) are built once from the conf of the
+    # moment: rebuilt from the conf now in force (a queue type, a default queue).
+    for cached in ("queues", "router"):
+        vars(app.amqp).pop(cached, None)
 
 
 @contextlib.contextmanager

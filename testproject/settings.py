@@ -94,6 +94,8 @@ def broker_transport(url: str) -> str:
         return os.environ["CELERY_BROKER_TRANSPORT"]
     if url.startswith("sentinel://"):
         return "relier_django.transport:SentinelTransport"
+    if url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        return "pyamqp"  # RabbitMQ: kombu's own transport
     return "relier_django.transport:Transport"
 
 
@@ -107,6 +109,10 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = env.bool("CELERY_TASK_ACKS_LATE", default=False)
 CELERY_TASK_REJECT_ON_WORKER_LOST = env.bool("CELERY_TASK_REJECT_ON_WORKER_LOST", default=False)
 CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER", default=4)
+# RabbitMQ's quorum queues, and a default queue of another name, for
+# tests/integration/test_rabbitmq_broker.py.
+CELERY_TASK_DEFAULT_QUEUE_TYPE = env.str("CELERY_TASK_DEFAULT_QUEUE_TYPE", default="classic")
+CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="celery")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -115,6 +121,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600),
     "unacked_restore_interval": env.float("CELERY_UNACKED_RESTORE_INTERVAL", default=10),
     "unacked_restore_throttle": env.int("CELERY_UNACKED_RESTORE_THROTTLE", default=10),
+    # RabbitMQ (amqp://): push() returns once the broker confirmed the message (W008).
+    "confirm_publish": True,
 }
 # Celery's broker through Redis Sentinel is kombu's business, not relier's: a broker URL
 # of one sentinel:// per sentinel, CELERY_BROKER_URL="sentinel://10.0.0.5:26379/0;

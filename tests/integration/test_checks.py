@@ -91,6 +91,8 @@ def celery_conf() -> Iterator[object]:
             "broker_url",
             "broker_transport",
             "imports",
+            "broker_transport_options",
+            "task_default_queue_type",
         )
     }
     try:
@@ -434,6 +436,30 @@ def test_a_sentinel_url_wants_the_sentinel_transport(start_redis, relier, celery
     assert "SentinelTransport" in by_id("relier.E007").hint
     celery_conf.broker_transport = "sentinel"
     assert "SentinelTransport" in by_id("relier.I001").hint
+
+
+def test_rabbitmq_without_publisher_confirms_or_with_a_delivery_limit_is_warned(
+    start_redis, relier, celery_conf
+):
+    from kombu import Queue
+
+    relier(REDIS_URL=start_redis().url)
+    celery_conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"  # read, never connected to
+    celery_conf.broker_transport = "pyamqp"
+    celery_conf.broker_transport_options = {}
+    assert ids() == ["relier.W008"]
+    assert '{"confirm_publish": True}' in by_id("relier.W008").hint
+    celery_conf.broker_transport_options = {"confirm_publish": True}
+    assert ids() == []
+    celery_conf.task_default_queue_type = "quorum"
+    warning = by_id("relier.W009")
+    assert "'celery'" in warning.msg and "QUEUED_GRACE_S" in warning.msg
+    assert "'x-delivery-limit': -1" in warning.hint
+    celery_conf.task_queues = [
+        Queue("celery", queue_arguments={"x-queue-type": "quorum", "x-delivery-limit": -1}),
+        Queue("bulk", queue_arguments={"x-queue-type": "quorum"}),
+    ]
+    assert "'bulk'" in by_id("relier.W009").msg and "'celery'" not in by_id("relier.W009").msg
 
 
 def test_a_spec_whose_soft_timeout_is_not_below_the_hard_one_is_an_error(

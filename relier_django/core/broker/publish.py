@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from kombu.entity import Queue
 from kombu.transport import redis as kombu_redis
 
 from ..model.envelope import Envelope
@@ -17,6 +18,27 @@ from .marker import MARKER_HEADER
 
 _lock = threading.Lock()
 _executor: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def declare(app: Any, queue: str) -> Any:
+    """Register ``queue`` (relier's recovery queue) in ``app``'s queues, of the type of
+    the app's own queues, and return it.
+
+    Celery declares a queue on every publish and consume, with the arguments it has for
+    it; RabbitMQ refuses a second declaration with other arguments. A name Celery does
+    not know is created with ``task_create_missing_queue_type`` on publish but as a
+    classic queue by ``select_add`` on consume, so a project of quorum queues
+    (``task_default_queue_type = "quorum"``) would see its worker's consume refused.
+    Registered here first, by both sides, the recovery queue is declared one way: a
+    quorum queue when the app's default or missing queues are quorum, else classic.
+    """
+    queues = app.amqp.queues
+    if queue in queues:  # a dict: `in` never creates a missing queue
+        return queues[queue]
+    conf = app.conf
+    quorum = "quorum" in (conf.task_default_queue_type, conf.task_create_missing_queue_type)
+    arguments = {"x-queue-type": "quorum"} if quorum else None
+    return queues.add(Queue(queue, routing_key=queue, queue_arguments=arguments))
 
 
 def send(
@@ -29,6 +51,8 @@ def send(
     """Publish one incarnation (to ``queue``, default the envelope's). Returns once the
     broker accepted the message (for the Redis transport: once LPUSH returned).
     Raises whatever the transport raises."""
+    if queue:
+        declare(app, queue)
     app.send_task(
         env.task,
         args=[encoded if encoded is not None else env.encode()],
@@ -67,6 +91,7 @@ def send_batch(app: Any, items: Sequence[tuple[Envelope, str]], queue: str) -> b
     part way), so the caller re-sends them all one by one: a message delivered twice
     carries one fence, and ``start.lua`` starts one fence once.
     """
+    declare(app, queue)
     with app.producer_or_acquire() as producer:
         batch = getattr(producer, "batch", None)
         if batch is None:  # kombu < 5.7

@@ -34,6 +34,7 @@ from typing import Any
 import redis
 from celery import signals
 
+from ..broker import publish
 from ..model import config, links
 from ..model.envelope import decode
 from ..model.errors import EnvelopeError
@@ -110,7 +111,7 @@ def _on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
     global _hostname
     _hostname = sender  # Celery's node name, for the pool processes forked after this
     queue = config.current().recovery_queue
-    instance.app.amqp.queues.select_add(queue)
+    instance.app.amqp.queues.select_add(publish.declare(instance.app, queue))
     logger.info("consuming the recovery queue %s", queue)
     logger.info("relier's Redis: %s", describe(config.current()))  # passwords redacted
 
