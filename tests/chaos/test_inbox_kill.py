@@ -195,7 +195,10 @@ class Chaos:
             pid = self._running_pid()
             if pid is None:
                 return False
-            os.kill(pid, signal.SIGSTOP)
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:  # it exited since the store named it: no strike
+                return False
             self.stopped.append((time.monotonic() + self.ZOMBIE_S, pid))
         else:
             children = [c.pid for w in self.workers for c in w.children()]
