@@ -16,6 +16,7 @@ from relier_django.core.dlq.store import DeadLetterStore
 from relier_django.core.model import config
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
+from testproject.celery import app
 from testproject.demo import tasks
 from testproject.harness import wait_until
 from tests.leaks import assert_no_leaked_keys
@@ -167,6 +168,8 @@ def test_two_resurrectors_racing_dispatch_each_expired_task_once(redis_client):
     lock = threading.Lock()
 
     class CountingApp:
+        amqp, conf = app.amqp, app.conf  # the real queues, where the recovery queue goes
+
         def send_task(self, name, args, task_id, **kwargs):
             with lock:
                 sent.append((task_id, json.loads(args[0])["fence"]))

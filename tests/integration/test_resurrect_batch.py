@@ -19,6 +19,7 @@ from relier_django.core.recovery.resurrector import SCRIPT_BATCH, Resurrector
 from relier_django.core.store import scripts
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
+from testproject.celery import app
 from testproject.demo import tasks
 from testproject.harness import RedisServer
 
@@ -26,7 +27,10 @@ KEYS = KeySpace("rl")
 
 
 class RecordingApp:
-    """Stands in for Celery's publish only; every Redis step is the real one."""
+    """Stands in for Celery's publish only; every Redis step is the real one. Its queues
+    and conf are the testproject's, where publish.declare registers the recovery queue."""
+
+    amqp, conf = app.amqp, app.conf
 
     def __init__(self, refuse: set[str] = frozenset()) -> None:
         self.sent: list[tuple[str, int]] = []
