@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import time
 from importlib import resources
 
 import pytest
@@ -238,3 +239,25 @@ def fast_worker_factory(worker_factory):
         return worker_factory(extra_env={**FAST, **kwargs.pop("extra_env", {})}, **kwargs)
 
     return start
+
+
+def test_a_window_slot_reused_for_a_new_minute_and_hour_starts_from_nothing(redis_client):
+    # The rings hold 120 minutes and 80 hours: the slot a commit lands in now last held
+    # the minute 120 ago and the hour 80 ago. Their counts must not carry over.
+    client = sync_client(config.current())  # decodes replies, as the worker's does
+    env = producer.prepare(tasks.record.relier_spec, ("w",), {}, "window-slot")
+    seconds, _ = client.time()
+    if seconds % 60 >= 58:  # start well inside a minute: the commit lands in the same one
+        time.sleep(61 - seconds % 60)
+        seconds, _ = client.time()
+    minute, hour = seconds // 60, seconds // 3600
+    m, h = f"m{minute % 120}", f"h{hour % 80}"
+    client.hset("rl:m:w", mapping={
+        m: minute - 120, f"{m}:ok": 50, f"{m}:dlq": 7, f"{m}:rec_n": 3, f"{m}:rec_ms": 900,
+        f"{m}:rec_max": 400, h: hour - 80, f"{h}:ok": 900, f"{h}:dlq": 9,
+    })  # fmt: skip
+    assert idempotency.store(KEYS, env, env.encode(), 60_000, 3).run(client).stored
+    assert fencing.start(KEYS, env, "w1@host:1", 30_000).run(client).started
+    assert fencing.commit(KEYS, env, "{}", 60_000).run(client).accepted
+    assert client.hgetall("rl:m:w") == {m: str(minute), f"{m}:ok": "1", h: str(hour),
+                                              f"{h}:ok": "1"}  # fmt: skip

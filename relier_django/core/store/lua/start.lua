@@ -32,16 +32,16 @@
 -- now), and the minute's recovery count, sum and maximum. The marks then go.
 -- @include _metrics
 local id = ARGV[1]
-local current, partial = unpack(redis.call('HMGET', KEYS[1], 'fence', 'partial'))
+-- One read for every path: a refused start costs the same, an accepted one a call less.
+local current, partial, state, run, due, expires, created, queued, cause, seen, found, sent =
+  unpack(redis.call('HMGET', KEYS[1], 'fence', 'partial', 'state', 'run', 'due_ms',
+    'expires_ms', 'created_ms', 'q_ms', 'rc_cause', 'rc_seen', 'rc_found', 'rc_sent'))
 if not current then
   return {0, 'gone', -1}
 end
 if current ~= ARGV[2] then
   return {0, 'stale', tonumber(current)}
 end
-local state, run, due, expires, created, queued, cause, seen, found, sent = unpack(
-  redis.call('HMGET', KEYS[1], 'state', 'run', 'due_ms', 'expires_ms', 'created_ms', 'q_ms',
-    'rc_cause', 'rc_seen', 'rc_found', 'rc_sent'))
 if state ~= 'queued' then
   if state == 'running' and run == ARGV[6] then
     return {1, '', tonumber(current), partial or '', due or ''}
