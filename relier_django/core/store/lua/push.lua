@@ -83,11 +83,9 @@ if existing[1] then
   end
   return {-1, id}
 end
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  return {-2, id}
-end
-if redis.call('EXISTS', KEYS[5]) == 1 then
-  return {-4, id}
+-- One EXISTS on the common path (neither is there); which one only when one is.
+if redis.call('EXISTS', KEYS[4], KEYS[5]) > 0 then
+  return {redis.call('EXISTS', KEYS[4]) == 1 and -2 or -4, id}
 end
 if idem then
   local holder = redis.call('GET', idem)
