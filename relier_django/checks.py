@@ -141,8 +141,9 @@ def check_environment(
 def check_redis(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """relier.W001 (unreachable), relier.W006 (``CLIENT LIST`` refused: deaths are then
-    found by heartbeat expiry only), then, unless ``ALLOW_UNSAFE_REDIS``: relier.E003
+    """relier.W001 (unreachable), relier.E014 (a Redis Cluster node), relier.W006
+    (``CLIENT LIST`` refused: deaths are then found by heartbeat expiry only), then,
+    unless ``ALLOW_UNSAFE_REDIS``: relier.E003
     (AOF off), relier.E004 (an evicting maxmemory-policy), relier.W004 (``appendfsync
     no``) and relier.W002 (none of that could be read).
 
@@ -157,6 +158,8 @@ def check_redis(
     try:
         client = sync_client(cfg, fail_fast=True)
         client.ping()
+        if _cluster_mode(client):
+            return [_cluster_error(where, "relier's store")]
         found_deaths = _death_detection(where, client)
         if django_settings.allow_unsafe_redis:
             return found_deaths
@@ -169,6 +172,29 @@ def check_redis(
         why = f"CONFIG GET and INFO were both refused ({server})"
         return [*found_deaths, _unverifiable(where, why)]
     return [*found_deaths, *_durability(where, server)]
+
+
+def _cluster_mode(client: redis.Redis) -> bool:
+    """Whether the server is a Redis Cluster node (``cluster_enabled:1``): one that
+    refuses a script or command whose keys lie in more than one hash slot."""
+    try:
+        return bool(int(client.info("cluster").get("cluster_enabled", 0)))
+    except redis.exceptions.ResponseError:
+        return False  # INFO refused: a cluster node would have failed PING's neighbours
+
+
+def _cluster_error(where: str, role: str) -> CheckMessage:
+    return Error(
+        f"Redis at {where} is a Redis Cluster node (cluster_enabled:1), and {role} cannot "
+        "run on Redis Cluster: each of relier's scripts touches a task's keys together "
+        "with shared indexes (the expiry index, the DLQ, the metrics), which lie in other "
+        "hash slots, and a cluster refuses that (CROSSSLOT); kombu's Redis transport does "
+        "not support Redis Cluster either.",
+        hint="Point it at a Redis that is not in cluster mode (on a managed service: "
+        "'cluster mode disabled'); for failover, a master with replicas and Sentinel "
+        f"({links.doc('operations.md')}). What one master carries: {links.doc('scaling.md')}.",
+        id="relier.E014",
+    )
 
 
 def _death_detection(where: str, client: redis.Redis) -> list[CheckMessage]:
@@ -299,8 +325,9 @@ def check_broker_redis(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """The rules of :func:`check_redis` for Celery's broker when it is another Redis
-    server than relier's store: relier.W001, then, unless ``ALLOW_UNSAFE_REDIS``,
-    relier.E003, relier.E004, relier.W004 and relier.W002, each naming the broker.
+    server than relier's store: relier.W001, relier.E014, then, unless
+    ``ALLOW_UNSAFE_REDIS``, relier.E003, relier.E004, relier.W004 and relier.W002, each
+    naming the broker.
 
     A message the broker loses is a relier task that waits ``QUEUED_GRACE_S`` and a
     plain Celery task that never runs.
@@ -321,6 +348,8 @@ def check_broker_redis(
         client = sync_client(cfg.replace(redis_url=url, sentinels=(), sentinel_master=None),
                              fail_fast=True)  # fmt: skip
         client.ping()
+        if _cluster_mode(client):
+            return [_cluster_error(where, "Celery's broker")]
         if django_settings.allow_unsafe_redis:
             return []
         server = _server_settings(client)
@@ -519,7 +548,7 @@ def _relier_tasks() -> list[RelierTask]:
 def check_task_imports(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """relier.E011: a module in Celery's ``imports`` or ``include`` that cannot be
+    """relier.E013: a module in Celery's ``imports`` or ``include`` that cannot be
     imported: a worker would not start, and the task checks cannot see its tasks.
 
     Returns:
@@ -531,7 +560,7 @@ def check_task_imports(
             f"CELERY_INCLUDE) cannot be imported: {type(exc).__name__}: {exc}.",
             hint="Correct the module path, or the error in the module; a worker fails to "
             "start on it too.",
-            id="relier.E011",
+            id="relier.E013",
         )
         for name, exc in discovery.import_task_modules()
     ]

@@ -504,7 +504,7 @@ def test_a_module_in_celery_imports_that_cannot_be_imported_is_an_error(
 ):
     relier(REDIS_URL=start_redis().url)
     celery_conf.imports = ("billing.taskz",)
-    error = by_id("relier.E011")
+    error = by_id("relier.E013")
     assert "'billing.taskz'" in error.msg and "ModuleNotFoundError" in error.msg
 
 
@@ -604,3 +604,15 @@ def test_a_worker_refuses_to_start_on_settings_it_cannot_load(redis_server, redi
         worker.stop()
     assert redis_client.llen("celery") == queued  # the message is still in the broker
     assert redis_client.hget(KeySpace("rl").task(receipt.task_id), "state") == b"queued"
+
+
+def test_a_redis_cluster_node_is_an_error_for_the_store_and_for_the_broker(start_redis, relier):
+    node = start_redis("--cluster-enabled", "yes")
+    relier(REDIS_URL=node.url)
+    error = by_id("relier.E014")
+    assert error.is_serious() and "relier's store" in error.msg and "CROSSSLOT" in error.msg
+    assert "Sentinel" in error.hint and "scaling.md" in error.hint
+    relier(REDIS_URL=start_redis().url)
+    current_app.conf.broker_url = node.url  # the fixture restores it
+    error = by_id("relier.E014")
+    assert "Celery's broker" in error.msg and "kombu" in error.msg
