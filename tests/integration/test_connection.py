@@ -155,6 +155,36 @@ def test_a_wrong_password_is_an_error_that_shows_neither_password(password_serve
     assert not secrets_in(shown), shown
 
 
+def _connections(server: RedisServer) -> int:
+    return int(server.client().info("stats")["total_connections_received"])
+
+
+def test_a_wrong_password_is_refused_at_the_first_attempt_not_retried(password_server):
+    # A rejected password cannot change within a retry budget: each client that would
+    # retry a dropped connection (ten times, with backoff) tries a refused AUTH once.
+    wrong = Config(redis_url=password_server.url.replace(ENCODED, "not-" + ENCODED))
+
+    async def async_ping() -> None:
+        try:
+            await async_client(wrong).ping()
+        finally:
+            await connection.close_loop_clients()
+
+    def subscribe() -> None:
+        connection.named_client(wrong, "relier-liveness-test").pubsub().subscribe("c")
+
+    for name, call in (
+        ("sync", lambda: sync_client(wrong).ping()),
+        ("async", lambda: asyncio.run(async_ping())),
+        ("subscription", subscribe),
+    ):
+        before = _connections(password_server)
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            call()
+        # One refused connection (plus this test's own for the count).
+        assert _connections(password_server) - before == 2, name
+
+
 # --- TLS ----------------------------------------------------------------------------
 
 

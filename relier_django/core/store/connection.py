@@ -70,6 +70,54 @@ def _backoff() -> redis.backoff.AbstractBackoff:
     return redis.backoff.EqualJitterBackoff(cap=1.0, base=0.05)
 
 
+# redis-py's AuthenticationError (a wrong password, a disabled user, NOAUTH) is a
+# ConnectionError, so its retry policy retries it: seconds of backoff per call (and
+# nested retries around a subscription add up: a resurrector given a wrong password
+# took 34 s to start and to honour SIGTERM) for an answer that cannot change.
+_PERMANENT = (redis.exceptions.AuthenticationError,)
+
+
+class _Permanent(Exception):
+    """Carries a permanent error out of redis-py's retry loop, which retries only the
+    errors it supports; not one of them."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class _Retry(redis.retry.Retry):
+    """redis-py's retry policy, except that a permanent error is raised at once."""
+
+    def call_with_retry(self, do: Callable[[], Any], fail: Any, *args: Any, **kwargs: Any) -> Any:
+        def attempt() -> Any:
+            try:
+                return do()
+            except _PERMANENT as exc:
+                raise _Permanent(exc) from exc
+
+        try:
+            return super().call_with_retry(attempt, fail, *args, **kwargs)
+        except _Permanent as wrapped:
+            raise wrapped.error from None
+
+
+class _AsyncRetry(redis.asyncio.retry.Retry):
+    """:class:`_Retry` for the asyncio clients."""
+
+    async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        async def attempt() -> Any:
+            try:
+                return await do()
+            except _PERMANENT as exc:
+                raise _Permanent(exc) from exc
+
+        try:
+            return await super().call_with_retry(attempt, fail, *args, **kwargs)
+        except _Permanent as wrapped:
+            raise wrapped.error from None
+
+
 _NO_BACKOFF = redis.backoff.NoBackoff()
 
 
@@ -228,14 +276,14 @@ def fast_lane(client: redis.Redis) -> FastLane | None:
 
 
 def _build_sync(config: Config, fail_fast: bool) -> redis.Redis:
-    retry = redis.retry.Retry(_backoff(), 0 if fail_fast else _RETRIES)
+    retry = _Retry(_backoff(), 0 if fail_fast else _RETRIES)
     options = _options(config, fail_fast)
     if not config.sentinels:
         client = redis.Redis.from_url(config.redis_url, retry=retry, **options)
         if not fail_fast:
             _lanes[client] = FastLane(client.connection_pool)
         return client
-    manager, master = _sentinel(config, options, redis.sentinel.Sentinel, redis.retry.Retry)
+    manager, master = _sentinel(config, options, redis.sentinel.Sentinel, _Retry)
     assert config.sentinel_master is not None  # Config refuses sentinels without it
     master_client: redis.Redis = manager.master_for(config.sentinel_master, retry=retry, **master)
     return master_client
@@ -244,13 +292,11 @@ def _build_sync(config: Config, fail_fast: bool) -> redis.Redis:
 def _build_async(
     config: Config, fail_fast: bool
 ) -> tuple[redis.asyncio.Redis, redis.asyncio.sentinel.Sentinel | None]:
-    retry = redis.asyncio.retry.Retry(_backoff(), 0 if fail_fast else _RETRIES)
+    retry = _AsyncRetry(_backoff(), 0 if fail_fast else _RETRIES)
     options = _options(config, fail_fast)
     if not config.sentinels:
         return redis.asyncio.Redis.from_url(config.redis_url, retry=retry, **options), None
-    manager, master = _sentinel(
-        config, options, redis.asyncio.sentinel.Sentinel, redis.asyncio.retry.Retry
-    )
+    manager, master = _sentinel(config, options, redis.asyncio.sentinel.Sentinel, _AsyncRetry)
     assert config.sentinel_master is not None  # Config refuses sentinels without it
     client = manager.master_for(
         config.sentinel_master, redis_class=redis.asyncio.Redis, retry=retry, **master
@@ -267,12 +313,12 @@ def named_client(config: Config, name: str) -> redis.Redis:
     time a read out: for a connection that waits for nothing, held open so that the
     server sees the process alive (``liveness``). Through Sentinel it follows the
     master like the other clients."""
-    retry = redis.retry.Retry(_backoff(), _RETRIES)
+    retry = _Retry(_backoff(), _RETRIES)
     options = {**_options(config, False), "client_name": name, "health_check_interval": 0}
     if not config.sentinels:
         return redis.Redis.from_url(config.redis_url, retry=retry, **options | _NO_READ_TIMEOUT)
     # The sentinels keep the configured timeouts: only the master connection waits.
-    manager, master = _sentinel(config, options, redis.sentinel.Sentinel, redis.retry.Retry)
+    manager, master = _sentinel(config, options, redis.sentinel.Sentinel, _Retry)
     assert config.sentinel_master is not None  # Config refuses sentinels without it
     named: redis.Redis = manager.master_for(
         config.sentinel_master, retry=retry, **master | _NO_READ_TIMEOUT
@@ -372,7 +418,7 @@ async def connection_options(config: Config) -> dict[str, Any]:
     if not config.sentinels:
         return options
     manager, _ = _sentinel(
-        config, _options(config, False), redis.asyncio.sentinel.Sentinel, redis.asyncio.retry.Retry
+        config, _options(config, False), redis.asyncio.sentinel.Sentinel, _AsyncRetry
     )
     try:
         assert config.sentinel_master is not None
