@@ -185,7 +185,11 @@ WorkerFactory = Callable[..., CeleryWorker]
 def worker_factory(
     redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
 ) -> Iterator[WorkerFactory]:
-    """Start real ``celery -A testproject worker`` processes; all are stopped at teardown.
+    """Start real ``celery -A testproject worker`` processes; all are SIGKILLed at teardown.
+
+    Not a warm shutdown: Celery's prefork pool takes about two seconds to wind down, and
+    after the test nothing depends on how the worker ends (a test that does stops it
+    itself). The next test flushes Redis before it starts.
 
     Keyword arguments go to :class:`CeleryWorker` (``name``, ``concurrency``,
     ``queues``, ``extra_env``, ``extra_args``).
@@ -202,7 +206,7 @@ def worker_factory(
         yield start
     finally:
         for worker in started:
-            worker.stop()
+            worker.kill()
         for worker in started:
             # Shown by pytest only when the test failed.
             print(f"----- log of worker {worker.name} -----\n{worker.log_text()[-6000:]}")
