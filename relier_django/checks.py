@@ -218,6 +218,14 @@ def _death_detection(where: str, client: redis.Redis) -> list[CheckMessage]:
 
 
 def _unreachable(where: str, exc: Exception) -> CheckMessage:
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        return CheckWarning(
+            f"Redis at {where} refused relier's credentials ({exc}); its persistence and "
+            "eviction settings were not checked.",
+            hint="Correct the user or password in RELIER['REDIS_URL'] (or RELIER_REDIS_URL, "
+            "which wins). Until Redis accepts them, push() fails and workers refuse to start.",
+            id="relier.W001",
+        )
     return CheckWarning(
         f"Redis at {where} is unreachable: it did not answer a PING ({exc}); its "
         "persistence and eviction settings were not checked.",

@@ -616,3 +616,14 @@ def test_a_redis_cluster_node_is_an_error_for_the_store_and_for_the_broker(start
     current_app.conf.broker_url = node.url  # the fixture restores it
     error = by_id("relier.E014")
     assert "Celery's broker" in error.msg and "kombu" in error.msg
+
+
+def test_a_refused_password_is_named_as_such_not_as_a_server_that_is_down(tmp_path, relier):
+    server = RedisServer(directory=tmp_path / "redis-pw", password="s3cret").start()
+    try:
+        relier(REDIS_URL=server.url.replace("s3cret", "wrong-one"))
+        warning = by_id("relier.W001")
+    finally:
+        server.stop()
+    assert "refused relier's credentials" in warning.msg, warning.msg
+    assert "wrong-one" not in warning.msg and "password" in warning.hint

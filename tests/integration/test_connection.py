@@ -560,9 +560,13 @@ def test_the_resurrector_command_says_where_it_scans_without_the_password(passwo
     assert f"on redis://:***@127.0.0.1:{password_server.port}/0 scanning every" in out, out
     assert not secrets_in(out), out
 
-    wrong = password_server.url.replace(ENCODED, "not-" + ENCODED)
-    out = _output_until(_resurrector(wrong), "invalid username-password")
-    assert not secrets_in(out), out
+    # A refused password is a configuration error: the command exits with it, naming the
+    # server without the password, instead of scanning a Redis it cannot use.
+    wrong = _resurrector(password_server.url.replace(ENCODED, "not-" + ENCODED))
+    out, _ = wrong.communicate(timeout=60)
+    assert wrong.returncode == 1, out
+    assert f"Redis at redis://:***@127.0.0.1:{password_server.port}/0 refused" in out, out
+    assert "invalid username-password" in out and not secrets_in(out), out
 
 
 @pytest.mark.django_db

@@ -7,12 +7,14 @@ import signal
 import socket
 from typing import Any
 
+import redis
 from celery import current_app
 from django.core.management.base import BaseCommand, CommandError
 
 from relier_django import conf
+from relier_django.core.model.config import Config
 from relier_django.core.recovery.scanner import Scanner
-from relier_django.core.store.connection import describe
+from relier_django.core.store.connection import describe, sync_client
 
 
 class Command(BaseCommand):
@@ -32,6 +34,7 @@ class Command(BaseCommand):
         if interval is not None and interval <= 0:
             raise CommandError("--interval must be > 0")
         cfg = conf.get_config()
+        _credentials_accepted(cfg)
         scanner = Scanner(current_app, cfg, f"{socket.gethostname()}:{os.getpid()}:command")
         if once:
             report = scanner.tick()
@@ -59,3 +62,22 @@ class Command(BaseCommand):
         )
         scanner.run(interval_s=interval)
         self.stdout.write("Resurrector stopped.")
+
+
+def _credentials_accepted(cfg: Config) -> None:
+    """Exit at once when Redis refuses relier's credentials: that will not change while
+    the command waits (an unreachable Redis may come back, and is waited for).
+
+    Raises:
+        CommandError: the password or user was refused; the message names the server
+            without the password.
+    """
+    try:
+        sync_client(cfg, fail_fast=True).ping()
+    except redis.exceptions.AuthenticationError as exc:
+        raise CommandError(
+            f"Redis at {describe(cfg)} refused relier's credentials ({exc}): correct the "
+            "user or password in RELIER['REDIS_URL'] (or RELIER_REDIS_URL)."
+        ) from None
+    except redis.exceptions.RedisError:
+        pass  # away for now: the scanner waits for it, as it does for an outage
