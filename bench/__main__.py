@@ -12,6 +12,7 @@ from bench import (
     report,
     resurrector_pass,
     scheduling,
+    store_cost,
     throughput,
     workflows,
 )
@@ -23,9 +24,14 @@ BENCHMARKS = {
     "dlq_pages": (dlq_pages.main, []),  # 1,000,000 entries
     "admission": (admission.main, []),  # against the anchor, relier 0.1.7
     "throughput": (throughput.main, []),  # no-op and 10 ms tasks vs vanilla / acks_late
+    # The RabbitMQ rounds: acks_late and relier on one private node, quorum queues.
+    "delivery_rabbitmq": (delivery.main, ["--broker", "rabbitmq"]),  # 500 x 5 kills
+    "throughput_rabbitmq": (throughput.main, ["--broker", "rabbitmq"]),  # 2,000 / 500 tasks
     "resurrector_pass": (resurrector_pass.main, []),  # 1,000 expired of 100,000
     "scheduling": (scheduling.main, []),  # 10,000 countdowns over 1-60 s vs Celery's ETA
     "workflows": (workflows.main, []),  # a chain step's cost over a plain push
+    "store_cost": (store_cost.main, []),  # Redis CPU and commands per task, by script
+    "store_cost_rabbitmq": (store_cost.main, ["--broker", "rabbitmq"]),  # the store alone
 }
 
 if __name__ == "__main__":

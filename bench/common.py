@@ -1,4 +1,5 @@
-"""Shared helpers: a private Redis, Django pointed at it, percentiles, results files."""
+"""Shared helpers: a private Redis (and RabbitMQ node), Django pointed at them,
+percentiles, results files."""
 
 from __future__ import annotations
 
@@ -10,14 +11,19 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 sys.path.insert(0, str(REPO))
 
-from testproject.harness import RedisServer, worker_env  # noqa: E402
+from testproject.harness import RedisServer, process_pointed_at, worker_env  # noqa: E402
+from testproject.rabbitmq import RabbitServer  # noqa: E402
+
+# The RabbitMQ rounds' queues: quorum, the type RabbitMQ offers for messages that must
+# survive a node (docs/chaos.md, rabbitmq-delivery); the same for every contender.
+QUEUE_TYPE = "quorum"
 
 
 @contextlib.contextmanager
@@ -28,6 +34,44 @@ def private_redis() -> Iterator[RedisServer]:
             yield server
         finally:
             server.stop()
+
+
+@contextlib.contextmanager
+def private_rabbitmq() -> Iterator[RabbitServer]:
+    """A private RabbitMQ node (testproject/rabbitmq.py), stopped by PID on exit."""
+    with (
+        tempfile.TemporaryDirectory(prefix="relier-bench-rabbitmq-") as tmp,
+        RabbitServer(Path(tmp)) as node,
+    ):
+        yield node
+
+
+def rabbitmq_env(node: RabbitServer, queue: str, extra: Mapping[str, str]) -> dict[str, str]:
+    """A contender's worker environment ``extra`` with Celery's broker on ``node``:
+    kombu's AMQP transport whatever the contender runs on Redis, ``QUEUE_TYPE`` queues,
+    ``queue`` as its default queue and ``<queue>.recovery`` as relier's recovery
+    queue, so that no round consumes another's leftovers."""
+    env = {name: value for name, value in extra.items() if name != "CELERY_BROKER_TRANSPORT"}
+    return {
+        **env,
+        "CELERY_BROKER_URL": node.url,
+        "CELERY_TASK_DEFAULT_QUEUE_TYPE": QUEUE_TYPE,
+        "CELERY_TASK_DEFAULT_QUEUE": queue,
+        "RELIER_RECOVERY_QUEUE": f"{queue}.recovery",
+    }
+
+
+@contextlib.contextmanager
+def producer_on(env: Mapping[str, str]) -> Iterator[None]:
+    """This process's pushes follow ``env`` (from ``rabbitmq_env``) until the block ends:
+    its broker, queue type, default and recovery queues. Enter it after
+    ``setup_django``, which points the environment at Redis."""
+    conf = {
+        "task_default_queue_type": env["CELERY_TASK_DEFAULT_QUEUE_TYPE"],
+        "task_default_queue": env["CELERY_TASK_DEFAULT_QUEUE"],
+    }
+    with process_pointed_at(env, **conf):
+        yield
 
 
 def setup_django(redis_url: str, broker_url: str | None = None) -> None:

@@ -28,13 +28,25 @@ second starts that no kill explains. 0 is the target for both.
 ``--plot PATH`` draws relier_django's phases as histograms (with ``--big``, the full
 bench, docs/img/recovery-phases.png).
 
+The RabbitMQ round (``--broker rabbitmq``): Celery + acks_late (+ reject_on_worker_lost)
+and relier_django, in the same run, on one private RabbitMQ node
+(testproject/rabbitmq.py) as Celery's broker, quorum queues, each contender with
+queues of its own; each still gets a fresh private Redis, for relier's store and the
+work functions' records. The same work, kills, counting and settling wait as above;
+no visibility timeout applies: RabbitMQ gives a dead consumer's unacknowledged
+messages back at once, and acks_late's ``reject_on_worker_lost`` requeues a killed
+pool process's message at once. Its result is ``delivery-rabbitmq.json`` whatever the
+size (the keys carry it).
+
     python -m bench.delivery [--tasks 500 --kills 5] [--only relier] [--disrupt]
     python -m bench.delivery --big   # the full bench (python -m bench delivery)
+    python -m bench.delivery --broker rabbitmq [--tasks 200 --kills 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import random
 import re
@@ -45,7 +57,18 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from bench.common import REPO, percentile, private_redis, setup_django, write_result
+from bench.common import (
+    QUEUE_TYPE,
+    REPO,
+    percentile,
+    private_rabbitmq,
+    private_redis,
+    producer_on,
+    rabbitmq_env,
+    setup_django,
+    write_result,
+)
+from testproject.rabbitmq import RabbitServer
 
 VISIBILITY_TIMEOUT_S = 20
 WORK_S = 0.5
@@ -70,6 +93,8 @@ CONTENDERS = {
 }
 # Not in CONTENDERS (bench/throughput.py runs those): its own venv, workers and push.
 ANCHOR = "anchor"
+# The RabbitMQ round's: relier_django against Celery's own answer to a killed worker.
+RABBITMQ_CONTENDERS = ("acks_late", "relier")
 # The full bench's contenders (~22 min in all): vanilla (it loses what a kill takes)
 # would add ~7 min and take it to the 30 min the bench may last; --only still runs it.
 FULL = ("acks_late", "relier", "anchor")
@@ -135,11 +160,14 @@ def timeline(span_s: float, kills: int, disrupt: bool) -> list[tuple[float, str]
 
 def run_contender(
     contender: str, n: int, kills: int, seed: int, log_dir: Path, prefetch: int,
-    disrupt: bool = False,
+    disrupt: bool = False, broker: RabbitServer | None = None,
 ) -> dict:  # fmt: skip
+    """One contender's round; with ``broker``, Celery's broker is that RabbitMQ node."""
     from chaos.proxy import BlackholeProxy
 
     task, extra = CONTENDERS.get(contender, ("", {}))
+    if broker is not None:
+        extra = rabbitmq_env(broker, f"bench-{contender}-{n}x{kills}", extra)
     rng = random.Random(seed)
     labels = [f"{contender}-{i}" for i in range(n)]
     with private_redis() as server:
@@ -177,7 +205,8 @@ def run_contender(
 
 
 def _cluster(contender: str, redis_url: str, url: str, log_dir: Path, env: dict, task: str):
-    """Start the contender's 2 workers; returns them, its push and its other processes."""
+    """Start the contender's 2 workers; returns them, its push and its other processes.
+    An AMQP ``CELERY_BROKER_URL`` in ``env`` (``rabbitmq_env``) is the pushes' broker too."""
     from testproject.harness import CeleryWorker
 
     if contender == ANCHOR:
@@ -190,7 +219,13 @@ def _cluster(contender: str, redis_url: str, url: str, log_dir: Path, env: dict,
         CeleryWorker(url, log_dir, name=f"{contender}-w{i}", extra_env=env).start()
         for i in range(2)
     ]
-    return workers, lambda labels: push_all(contender, task, labels), []
+    on_rabbitmq = env.get("CELERY_BROKER_URL", "").startswith("amqp")
+
+    def push(labels: list[str]) -> list[str]:
+        with producer_on(env) if on_rabbitmq else contextlib.nullcontext():
+            return push_all(contender, task, labels)
+
+    return workers, push, []
 
 
 def _disrupt(what: str, server, proxy) -> str:
@@ -438,30 +473,44 @@ def main() -> dict:
     )  # fmt: skip
     parser.add_argument("--only", nargs="*", choices=[*CONTENDERS, ANCHOR], help="run only these")
     parser.add_argument(
+        "--broker", choices=("redis", "rabbitmq"), default="redis",
+        help=f"rabbitmq: the RabbitMQ round, {' and '.join(RABBITMQ_CONTENDERS)} on one private "
+        f"node ({QUEUE_TYPE} queues) at --tasks x --kills, written to delivery-rabbitmq.json",
+    )  # fmt: skip
+    parser.add_argument(
         "--keep-logs", type=Path, metavar="DIR",
         help="write the workers' logs under DIR (one directory per round) and keep them",
     )  # fmt: skip
     args = parser.parse_args()
-    chosen = args.only or (FULL if args.big else [*CONTENDERS, ANCHOR])
+    rabbit = args.broker == "rabbitmq"
+    if rabbit and (args.big or args.disrupt or ANCHOR in (args.only or ())):
+        parser.error("--broker rabbitmq runs Celery's contenders and relier at one size: "
+                     "no --big, --disrupt (its faults are Redis's) or anchor")  # fmt: skip
+    chosen = args.only or (RABBITMQ_CONTENDERS if rabbit else FULL if args.big else
+                           [*CONTENDERS, ANCHOR])  # fmt: skip
     plan = [(c, args.tasks, args.kills, args.disrupt and c == "relier") for c in chosen]
     if args.big:
         plan += [(c, 2000, 10, False) for c in chosen]
         plan += [("relier", args.tasks, args.kills, True)] if "relier" in chosen else []
         plan = list(dict.fromkeys(plan))  # --big --disrupt: that round once
     results: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="relier-delivery-") as tmp:
+    with contextlib.ExitStack() as stack:
+        node = stack.enter_context(private_rabbitmq()) if rabbit else None
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="relier-delivery-"))
         for contender, n, kills, disrupt in plan:
             key = f"{contender}{'+disrupt' if disrupt else ''}/{n}x{kills}"
             logs = (args.keep_logs or Path(tmp)) / key.replace("/", "-")
-            print(f"running {key} … (logs: {logs})", flush=True)
+            print(f"running {key}{' on RabbitMQ' if rabbit else ''} … (logs: {logs})", flush=True)
             results[key] = _guarded(
-                contender, n, kills, args.seed, logs, args.prefetch_multiplier, disrupt
+                contender, n, kills, args.seed, logs, args.prefetch_multiplier, disrupt, node
             )
+        version = node.ctl("version").strip() if node else None
     plot = args.plot or (PLOT if args.big else None)
     out = {
         "benchmark": "delivery",
+        "broker": f"rabbitmq {version}, {QUEUE_TYPE} queues" if rabbit else "redis",
         "work_s": WORK_S,
-        "visibility_timeout_s": VISIBILITY_TIMEOUT_S,
+        "visibility_timeout_s": None if rabbit else VISIBILITY_TIMEOUT_S,  # kombu's Redis only
         "relier_ttl_s": RELIER_TTL_S,
         "relier_scan_s": RELIER_SCAN_S,
         "prefetch_multiplier": args.prefetch_multiplier,
@@ -470,6 +519,7 @@ def main() -> dict:
         "plot": plot_phases(results, plot) if plot else None,
     }
     name = "delivery" + ("" if args.big and not args.only else f"-{args.tasks}x{args.kills}")
+    name = "delivery-rabbitmq" if rabbit else name  # the RabbitMQ round's result, any size
     name += f"-prefetch{args.prefetch_multiplier}" if args.prefetch_multiplier != 4 else ""
     name += f"-{'-'.join(args.only)}" if args.only else ""
     name += "-disrupt" if args.disrupt else ""
@@ -483,9 +533,11 @@ def _row(cells: tuple) -> str:
 
 def print_tables(out: dict, path: Path) -> None:
     results = {k: r for k, r in out["results"].items() if "not_run" not in r}
-    print(f"\ndelivery under kills (0.5 s tasks, 4 processes, visibility timeout "
-          f"{VISIBILITY_TIMEOUT_S} s, relier TTL {RELIER_TTL_S:g} s, scan "
-          f"{RELIER_SCAN_S:g} s; the anchor with its defaults)")  # fmt: skip
+    broker = ("on RabbitMQ" if out.get("broker", "redis") != "redis" else
+              f"visibility timeout {VISIBILITY_TIMEOUT_S} s")  # fmt: skip
+    print(f"\ndelivery under kills (0.5 s tasks, 4 processes, {broker}, relier TTL "
+          f"{RELIER_TTL_S:g} s, scan {RELIER_SCAN_S:g} s; the anchor with its "
+          "defaults)")  # fmt: skip
     print(_row(("run", "delivered %", "lost", "exec 2x", "commit 2x", "rec p50 s", "rec p99 s",
                 "sent p50 s", "sent p99 s")))  # fmt: skip
     for key, r in results.items():

@@ -24,9 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from amqp.exceptions import NotFound
+from kombu.connection import Connection
 
 from relier_django.core.model.config import Config
 from relier_django.core.store.keys import KeySpace
+from testproject.rabbitmq import RabbitServer
 
 # The chaos cluster runs with relier's default prefix and recovery queue.
 _DEFAULTS = Config()
@@ -241,6 +244,32 @@ def queued(client) -> dict[str, int]:
     return depth
 
 
+def rabbit_queued(node: RabbitServer, queues: Sequence[str] = TASK_QUEUES) -> dict[str, int]:
+    """``queued`` for a RabbitMQ broker, read live: the messages ready in each of
+    ``queues`` (a passive declare: the queue's own count; 0 for one never declared) and
+    the messages delivered and not yet acknowledged on the whole node (each channel's
+    own count). Not ``rabbitmqctl list_queues``: for a quorum queue it reports metrics
+    refreshed every few seconds, and 0 for seconds after a restart.
+
+    Raises:
+        RabbitError: ``rabbitmqctl`` failed.
+        OSError, amqp.exceptions.AMQPError: the node is down or not serving yet.
+    """
+    depth = {}
+    with Connection(node.url, connect_timeout=2) as conn:
+        for queue in queues:
+            channel = conn.channel()  # a failed passive declare closes its channel
+            try:
+                depth[f"{queue} ready"] = int(channel.queue_declare(queue, passive=True)[1])
+            except NotFound:
+                depth[f"{queue} ready"] = 0
+            else:
+                channel.close()
+    listed = node.ctl("list_channels", "messages_unacknowledged", "--quiet", "--no-table-headers")
+    depth["unacked on the node"] = sum(int(n) for n in listed.split())
+    return depth
+
+
 def _lives(pid: int) -> bool:
     # A killed pool process its worker has not reaped yet is a zombie: dead, though its
     # pid still exists (Celery's main process may take seconds to reap it).
@@ -250,8 +279,16 @@ def _lives(pid: int) -> bool:
         return False
 
 
-def collect(client, pushed: dict[str, Pushed], journal: Path, logs: Iterable[Path]) -> Evidence:
-    """Everything the checker needs; ``client`` must decode responses."""
+def collect(
+    client,
+    pushed: dict[str, Pushed],
+    journal: Path,
+    logs: Iterable[Path],
+    broker_queued: dict[str, int] | None = None,
+) -> Evidence:
+    """Everything the checker needs; ``client`` must decode responses. ``broker_queued``:
+    the broker's depths when it is not kombu's Redis transport on ``client``'s server
+    (``rabbit_queued``)."""
     tied, untied = read_dlq(client)
     leaked, no_ttl, kept = read_leftovers(client)
     events = read_logs(logs)
@@ -266,7 +303,7 @@ def collect(client, pushed: dict[str, Pushed], journal: Path, logs: Iterable[Pat
         keys_without_ttl=no_ttl,
         kept_keys=kept,
         in_flight=in_flight(client),
-        queued=queued(client),
+        queued=queued(client) if broker_queued is None else broker_queued,
         found_dead_alive=[
             e.task_id
             for e in events

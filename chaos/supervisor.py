@@ -1,6 +1,7 @@
 """Everything one scenario starts, and the supervisor that restarts what it kills.
 
-Built on ``testproject/harness.py`` (RedisServer, CeleryWorker). Every process is
+Built on ``testproject/harness.py`` (RedisServer, CeleryWorker) and, for a scenario
+whose broker is RabbitMQ, ``testproject/rabbitmq.py`` (RabbitServer). Every process is
 recorded the moment it runs and is stopped by PID (workers by their own process
 group) in :meth:`Cluster.stop`, which runs in a ``finally`` and again at interpreter
 exit (``atexit``), so a failing or interrupted run leaves nothing behind.
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testproject.harness import REPO_ROOT, CeleryWorker, RedisServer, wait_until, worker_env
+from testproject.rabbitmq import RabbitServer
 
 from .proxy import BlackholeProxy
 
@@ -59,13 +61,15 @@ atexit.register(_stop_all_at_exit)
 
 @dataclass(eq=False)
 class Cluster:
-    """A private Redis, worker slots, a standalone resurrector and proxies."""
+    """A private Redis (and, for some scenarios, a private RabbitMQ node as Celery's
+    broker), worker slots, a standalone resurrector and proxies."""
 
     run_dir: Path
     env: dict[str, str] = field(default_factory=dict)  # RELIER_*/CELERY_* for every process
     concurrency: int = 2
     redis: RedisServer | None = None
     redis_url: str = ""  # where processes connect (a Sentinel group sets its own env)
+    rabbit: RabbitServer | None = None  # Celery's broker when not on Redis
     slots: dict[str, CeleryWorker] = field(default_factory=dict)  # slot -> current worker
     workers: list[CeleryWorker] = field(default_factory=list)  # every worker ever started
     resurrector: subprocess.Popen[bytes] | None = None
@@ -88,6 +92,14 @@ class Cluster:
         self.redis.start()
         self.redis_url = self.redis.url
         return self.redis
+
+    def start_rabbitmq(self) -> RabbitServer:
+        """A private RabbitMQ node as Celery's broker for every process started after this
+        and for the runner's producer; relier's store stays on Redis."""
+        self.rabbit = RabbitServer(self.run_dir / "rabbitmq")  # recorded first: stop() reaches it
+        self.rabbit.start()
+        self.env["CELERY_BROKER_URL"] = self.rabbit.url
+        return self.rabbit
 
     def adopt(self, stoppable: object) -> None:
         """Stop ``stoppable`` (anything with ``stop()``) with the cluster."""
@@ -118,8 +130,10 @@ class Cluster:
         name = slot if gen == 1 else f"{slot}-{gen}"
         url = redis_url or self.redis_url
         env = {**FAST_ENV, **self.env, **(extra_env or {})}
-        if redis_url is not None:  # through a proxy: both relier and the broker
-            env.update({"RELIER_REDIS_URL": url, "CELERY_BROKER_URL": url})
+        if redis_url is not None:  # through a proxy: relier, and the broker if it is Redis
+            env["RELIER_REDIS_URL"] = url
+            if self.rabbit is None:
+                env["CELERY_BROKER_URL"] = url
         worker = CeleryWorker(
             redis_url=url,
             log_dir=self.log_dir,
@@ -189,6 +203,8 @@ class Cluster:
             with contextlib.suppress(Exception):
                 stoppable.stop()  # type: ignore[attr-defined]
         self._stoppables.clear()
+        if self.rabbit is not None:
+            self.rabbit.stop()
         if self.redis is not None:
             self.redis.stop()
         with _live_lock:

@@ -36,7 +36,17 @@ class Scenario:
 
 
 def _all() -> dict[str, Scenario]:
-    from . import kills, load, messages, network, periodic, redis_faults, scheduling, workflows
+    from . import (
+        kills,
+        load,
+        messages,
+        network,
+        periodic,
+        rabbitmq,
+        redis_faults,
+        scheduling,
+        workflows,
+    )
 
     ordered = [
         kills.WORKER_KILL,
@@ -53,6 +63,7 @@ def _all() -> dict[str, Scenario]:
         scheduling.SCHEDULED_REDIS_RESTART,
         periodic.PERIODIC_LEADER_KILL,
         workflows.WORKFLOWS,
+        rabbitmq.RABBITMQ_DELIVERY,
     ]
     return {s.name: s for s in ordered}
 

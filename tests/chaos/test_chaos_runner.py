@@ -3,7 +3,8 @@ invariant checker is not vacuous (fabricated violations are reported as failures
 
 Each scenario runs as ``python -m chaos run <name> --tasks small`` in a subprocess,
 exactly as a user runs it: a private Redis of its own, real prefork workers, the
-standalone resurrector, real signals. About 10-20 s each.
+standalone resurrector, real signals. About 10-20 s each; rabbitmq-delivery, which
+also starts a private RabbitMQ node and crashes it, about 40 s.
 """
 
 from __future__ import annotations
@@ -15,9 +16,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from kombu import Connection, Producer, Queue
 
 from chaos import SCENARIOS
-from chaos.evidence import DlqRecord, Evidence, Execution, LogEvent, Pushed, parse_log_line
+from chaos.evidence import (
+    DlqRecord,
+    Evidence,
+    Execution,
+    LogEvent,
+    Pushed,
+    parse_log_line,
+    rabbit_queued,
+)
 from chaos.invariants import check, passed
 from chaos.report import Report
 from chaos.scenarios.common import stale_incarnation_checks
@@ -37,7 +47,7 @@ SHARED_INVARIANTS = [
 INJECTED = {
     "worker-kill", "zombie", "graceful-deploy", "network-partition", "redis-restart",
     "redis-failover", "task-corrupt", "load-spike", "scheduled-kills", "scheduled-redis-restart",
-    "periodic-leader-kill", "workflows",
+    "periodic-leader-kill", "workflows", "rabbitmq-delivery",
 }  # fmt: skip
 
 
@@ -86,6 +96,30 @@ def test_each_scenario_holds_every_invariant(name: str, tmp_path: Path):
     if name in INJECTED:
         assert report["faults"], result.stdout
     assert "time to quiescence" in report["timings"]
+
+
+def test_the_rabbitmq_reading_sees_a_ready_and_an_unacknowledged_message_at_once(rabbit_server):
+    """rabbitmq-delivery's quiescence and "queues empty" read the node live, where
+    ``rabbitmqctl list_queues`` would show a quorum queue's messages seconds late."""
+    queue = Queue("chaos-reading", queue_arguments={"x-queue-type": "quorum"})
+    with Connection(rabbit_server.url) as conn:
+        channel = conn.channel()
+        queue(channel).declare()
+        try:
+            Producer(channel).publish({"n": 1}, routing_key=queue.name, delivery_mode=2)
+            reading = rabbit_queued(rabbit_server, [queue.name])
+            assert reading == {"chaos-reading ready": 1, "unacked on the node": 0}
+            message = channel.basic_get(queue.name, no_ack=False)
+            reading = rabbit_queued(rabbit_server, [queue.name])
+            assert reading == {"chaos-reading ready": 0, "unacked on the node": 1}
+            channel.basic_ack(message.delivery_tag)
+            assert rabbit_queued(rabbit_server, [queue.name, "never-declared"]) == {
+                "chaos-reading ready": 0,
+                "never-declared ready": 0,
+                "unacked on the node": 0,
+            }
+        finally:
+            channel.queue_delete(queue.name)
 
 
 # -- the checker is not vacuous ------------------------------------------------------------

@@ -8,7 +8,9 @@ import time
 
 import pytest
 
+from bench.common import rabbitmq_env
 from bench.delivery import (
+    CONTENDERS,
     Interruption,
     false_deaths,
     interruptions,
@@ -19,6 +21,7 @@ from bench.delivery import (
     timeline,
     unexplained_restarts,
 )
+from testproject.rabbitmq import RabbitServer
 
 pytestmark = pytest.mark.unit
 
@@ -126,3 +129,16 @@ def test_the_phases_are_plotted_one_panel_each_from_the_undisrupted_relier_round
     results = {"relier/60x2": samples, "relier+disrupt/60x2": {}, "acks_late/60x2": {}}
     assert plot_phases(results, tmp_path / "img" / "p.png").startswith("phases plotted")
     assert (tmp_path / "img" / "p.png").stat().st_size > 0
+
+
+def test_a_contender_moved_to_rabbitmq_keeps_its_settings_on_queues_of_its_own(tmp_path):
+    node = RabbitServer(tmp_path)  # never started: its ports and URL are fixed at creation
+    _, acks_late = CONTENDERS["acks_late"]
+    env = rabbitmq_env(node, "bench-acks_late-500x5", acks_late)
+    assert "CELERY_BROKER_TRANSPORT" not in env  # kombu's Redis transport would ignore the URL
+    assert env["CELERY_TASK_ACKS_LATE"] == env["CELERY_TASK_REJECT_ON_WORKER_LOST"] == "true"
+    assert env["CELERY_BROKER_URL"] == node.url and node.url.startswith("amqp://")
+    assert env["CELERY_TASK_DEFAULT_QUEUE_TYPE"] == "quorum"
+    assert env["CELERY_TASK_DEFAULT_QUEUE"] == "bench-acks_late-500x5"
+    assert env["RELIER_RECOVERY_QUEUE"] == "bench-acks_late-500x5.recovery"
+    assert "CELERY_BROKER_TRANSPORT" in acks_late  # the Redis round's own is untouched
