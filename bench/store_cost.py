@@ -48,7 +48,15 @@ from typing import Any
 
 import redis
 
-from bench.common import private_redis, setup_django, write_result
+from bench.common import (
+    private_rabbitmq,
+    private_redis,
+    producer_on,
+    rabbitmq_env,
+    setup_django,
+    write_result,
+)
+from testproject.rabbitmq import RabbitServer
 
 CONTENDERS = ("vanilla", "acks_late", "relier")
 DEFAULTS = {"tasks": 2000, "rounds": 2}
@@ -278,30 +286,30 @@ def replay_all(path: Path, tasks: int) -> float:
 
 
 def run(
-    contender: str, n: int, log_dir: Path, mode: str = "cpu", broker: str | None = None
+    contender: str, n: int, log_dir: Path, mode: str = "cpu", broker: RabbitServer | None = None
 ) -> dict[str, Any]:
     """One run of ``n`` no-op tasks: the redis-server CPU per task (``cpu``), each
     command's calls and execution time per task (``slowlog``), or the requests sent
     and the commands scripts ran, per task (``monitor``).
 
-    ``broker``: an AMQP URL for Celery's broker (a RabbitMQ node); Redis then holds
-    only relier's store (and the work functions' records)."""
+    ``broker``: a RabbitMQ node for Celery's broker (quorum queues, one queue per run,
+    as the other benchmarks' RabbitMQ rounds); Redis then holds only relier's store
+    (and the work functions' records)."""
     from bench.delivery import CONTENDERS as TASKS
     from bench.delivery import _point_at, push_all
     from bench.throughput import _cpu_s, _wait_done
-    from testproject.harness import CeleryWorker, process_pointed_at
+    from testproject.harness import CeleryWorker
 
     task, extra = TASKS[contender]
-    if broker:  # kombu's AMQP transport, whatever the contender runs on Redis
-        extra = {**{k: v for k, v in extra.items() if k != "CELERY_BROKER_TRANSPORT"},
-                 "CELERY_BROKER_URL": broker}  # fmt: skip
+    if broker is not None:
+        extra = rabbitmq_env(broker, f"store-cost-{contender}-{mode}", extra)
     labels = [f"{contender}-{i}" for i in range(n)]
     capture = log_dir / f"monitor-{contender}.txt"
     with private_redis() as server, contextlib.ExitStack() as stack:
         setup_django(server.url)
         _point_at(server.url)
-        if broker:
-            stack.enter_context(process_pointed_at({"CELERY_BROKER_URL": broker}))
+        if broker is not None:
+            stack.enter_context(producer_on(extra))
         client = server.client(decode_responses=True)
         worker = CeleryWorker(server.url, log_dir, name=f"sc-{contender}", extra_env=extra)
         worker.start()
@@ -405,16 +413,11 @@ def main() -> None:
         _print_replay(replay(args.replay, args.instructions))
         return
     with contextlib.ExitStack() as stack:
-        broker = None
-        if args.broker == "rabbitmq":
-            from testproject.rabbitmq import RabbitServer
-
-            home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="relier-rmq-")))
-            broker = stack.enter_context(RabbitServer(home)).url
+        broker = stack.enter_context(private_rabbitmq()) if args.broker == "rabbitmq" else None
         _main(args, broker)
 
 
-def _main(args: argparse.Namespace, broker: str | None) -> None:
+def _main(args: argparse.Namespace, broker: RabbitServer | None) -> None:
     chosen = args.only or list(CONTENDERS)
     cpu: dict[str, list[float]] = {c: [] for c in chosen}
     details: dict[str, dict[str, Any]] = {}
@@ -458,10 +461,10 @@ def _main(args: argparse.Namespace, broker: str | None) -> None:
                 print(f"\nrelier_django / {other}: {cpu_ratio:.2f} x redis CPU per task, "
                       f"{work_ratio:.2f} x instructions per task")  # fmt: skip
     sized = args.tasks == DEFAULTS["tasks"] and args.rounds == DEFAULTS["rounds"]
-    name = "store_cost-rabbitmq" if broker else "store_cost"
+    name = "store_cost-rabbitmq" if broker is not None else "store_cost"
     path = write_result(
         name if sized else f"{name}-small",
-        {"broker": "rabbitmq" if broker else "redis", "tasks": args.tasks,
+        {"broker": "rabbitmq" if broker is not None else "redis", "tasks": args.tasks,
          "rounds": args.rounds, "cpu_ms_per_task": cpu, "median_cpu_ms_per_task": medians,
          "relier_over": ratios, "detail": details},
     )  # fmt: skip
