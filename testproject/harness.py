@@ -35,6 +35,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# A Redis Cluster node listens on its port and, for the cluster bus, on port + 10000;
+# it refuses to start above 55535.
+CLUSTER_BUS_OFFSET = 10_000
+
+
+def free_cluster_port() -> int:
+    """A free port for a Redis Cluster node: at most 55535, its bus port free too."""
+    while True:
+        port = free_port()
+        if port + CLUSTER_BUS_OFFSET > 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port + CLUSTER_BUS_OFFSET))
+            except OSError:
+                continue
+        return port
+
+
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value; raise TimeoutError otherwise."""
     deadline = time.monotonic() + timeout_s

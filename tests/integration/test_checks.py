@@ -25,7 +25,14 @@ from django.test import override_settings
 from relier_django import conf
 from relier_django.core.model.spec import TaskSpec
 from relier_django.core.task import RelierTask
-from testproject.harness import REPO_ROOT, CeleryWorker, RedisServer, free_port, worker_env
+from testproject.harness import (
+    REPO_ROOT,
+    CeleryWorker,
+    RedisServer,
+    free_cluster_port,
+    free_port,
+    worker_env,
+)
 
 StartRedis = Callable[..., RedisServer]
 
@@ -606,16 +613,25 @@ def test_a_worker_refuses_to_start_on_settings_it_cannot_load(redis_server, redi
     assert redis_client.hget(KeySpace("rl").task(receipt.task_id), "state") == b"queued"
 
 
-def test_a_redis_cluster_node_is_an_error_for_the_store_and_for_the_broker(start_redis, relier):
-    node = start_redis("--cluster-enabled", "yes")
-    relier(REDIS_URL=node.url)
-    error = by_id("relier.E014")
-    assert error.is_serious() and "relier's store" in error.msg and "CROSSSLOT" in error.msg
-    assert "Sentinel" in error.hint and "scaling.md" in error.hint
-    relier(REDIS_URL=start_redis().url)
-    current_app.conf.broker_url = node.url  # the fixture restores it
-    error = by_id("relier.E014")
-    assert "Celery's broker" in error.msg and "kombu" in error.msg
+def test_a_redis_cluster_node_is_an_error_for_the_store_and_for_the_broker(
+    tmp_path, start_redis, relier
+):
+    # Not start_redis(): a cluster node needs a port of at most 55535 (its bus is +10000).
+    node = RedisServer(
+        directory=tmp_path / "redis-cluster-node", port=free_cluster_port(),
+        extra_args=("--cluster-enabled", "yes"),
+    ).start()  # fmt: skip
+    try:
+        relier(REDIS_URL=node.url)
+        error = by_id("relier.E014")
+        assert error.is_serious() and "relier's store" in error.msg and "CROSSSLOT" in error.msg
+        assert "Sentinel" in error.hint and "scaling.md" in error.hint
+        relier(REDIS_URL=start_redis().url)
+        current_app.conf.broker_url = node.url  # the fixture restores it
+        error = by_id("relier.E014")
+        assert "Celery's broker" in error.msg and "kombu" in error.msg
+    finally:
+        node.stop()
 
 
 def test_a_refused_password_is_named_as_such_not_as_a_server_that_is_down(tmp_path, relier):
