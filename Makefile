@@ -10,7 +10,7 @@ CHAOS_ARGS ?=
 
 export VENV MIN_PY DJANGO_SPEC
 
-.PHONY: setup test lint unit integration chaos browser demo bench tox clean
+.PHONY: setup test lint unit integration chaos browser cluster demo bench tox clean
 
 setup:
 	@./scripts/bootstrap.sh
@@ -39,6 +39,9 @@ chaos: setup
 
 browser: setup
 	$(PY) -m pytest -m browser $(PYTEST_ARGS)
+
+cluster: setup
+	$(PY) -m pytest -m cluster $(PYTEST_ARGS)
 
 demo: setup
 	$(PY) scripts/demo.py

@@ -6,6 +6,7 @@ import sys
 
 from bench import (
     admission,
+    cluster_cost,
     delivery,
     dlq_pages,
     push_overhead,
@@ -32,6 +33,8 @@ BENCHMARKS = {
     "workflows": (workflows.main, []),  # a chain step's cost over a plain push
     "store_cost": (store_cost.main, []),  # Redis CPU and commands per task, by script
     "store_cost_rabbitmq": (store_cost.main, ["--broker", "rabbitmq"]),  # the store alone
+    # Redis CPU per task per master: the store on 1 and on 3 cluster masters, and plain.
+    "cluster_cost": (cluster_cost.main, []),
 }
 
 if __name__ == "__main__":

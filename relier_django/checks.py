@@ -32,7 +32,9 @@ from .core.broker.transport import SentinelTransport, Transport
 from .core.model import links
 from .core.model.config import Config
 from .core.schedule import periodic, ticks
-from .core.store.connection import describe, redact, sync_client
+from .core.store import layout
+from .core.store.connection import describe, home_client, redact, sync_client
+from .core.store.keys import KeySpace
 from .core.task import RelierTask
 
 TAG = "relier"
@@ -158,20 +160,69 @@ def check_redis(
     try:
         client = sync_client(cfg, fail_fast=True)
         client.ping()
-        if _cluster_mode(client):
+        if not cfg.cluster and _cluster_mode(client):
             return [_cluster_error(where, "relier's store")]
-        found_deaths = _death_detection(where, client)
+        # On a cluster, each master keeps its own partitions: each must be durable.
+        servers = _masters(cfg, client) if cfg.cluster else [(where, client)]
+        messages = [*_layout(where, client, cfg), *_death_detection(where, home_client(cfg))]
         if django_settings.allow_unsafe_redis:
-            return found_deaths
-        server = _server_settings(client)
+            return messages
+        for at, server_client in servers:
+            server = _server_settings(server_client)
+            if isinstance(server, redis.exceptions.ResponseError):
+                messages.append(
+                    _unverifiable(at, f"CONFIG GET and INFO were both refused ({server})")
+                )
+            else:
+                messages += _durability(at, server)
     except ValueError:
         return []  # a malformed URL: relier.E001 reports it
+    except redis.exceptions.RedisClusterException as exc:  # not a RedisError
+        return [_not_a_cluster(where, exc)]
     except redis.exceptions.RedisError as exc:  # refused, timed out, or PING not allowed
         return [_unreachable(where, exc)]
-    if isinstance(server, redis.exceptions.ResponseError):
-        why = f"CONFIG GET and INFO were both refused ({server})"
-        return [*found_deaths, _unverifiable(where, why)]
-    return [*found_deaths, *_durability(where, server)]
+    return messages
+
+
+def _masters(cfg: Config, client: Any) -> list[tuple[str, redis.Redis]]:
+    """Each master of the store's Redis Cluster, as (its address, a client of it)."""
+    options = redis.connection.parse_url(cfg.redis_url)
+    found = []
+    for node in client.get_primaries():
+        at = f"{node.host}:{node.port}"
+        options.update(host=node.host, port=node.port)
+        plain = redis.Redis(**options, decode_responses=True, socket_timeout=1.0)
+        found.append((f"{redact(cfg.redis_url)} (cluster master {at})", plain))
+    return found
+
+
+def _layout(where: str, client: redis.Redis, cfg: Config) -> list[CheckMessage]:
+    """relier.E015: the store was laid out for other PARTITIONS or CLUSTER settings."""
+    keys = KeySpace.of(cfg)
+    recorded = layout.mismatch(client, keys)
+    if recorded is None:
+        return []
+    return [
+        Error(
+            f"The store at {where} was laid out for {layout.describe(recorded)}, and these "
+            f"settings give {layout.describe(keys.layout_value())}: this process would "
+            "look for every task in the wrong place, and workers configured so refuse to "
+            "start.",
+            hint="Set PARTITIONS and CLUSTER as the store's other processes have them; a "
+            f"store's partitions are fixed for its life ({links.doc('scaling.md')}).",
+            id="relier.E015",
+        )
+    ]
+
+
+def _not_a_cluster(where: str, exc: Exception) -> CheckMessage:
+    return Error(
+        f"RELIER['CLUSTER'] is set, but Redis at {where} is not a usable Redis Cluster "
+        f"node ({exc}).",
+        hint="Point REDIS_URL at a node of the cluster, or unset CLUSTER for a single "
+        f"Redis ({links.doc('scaling.md')}).",
+        id="relier.E016",
+    )
 
 
 def _cluster_mode(client: redis.Redis) -> bool:
@@ -184,15 +235,21 @@ def _cluster_mode(client: redis.Redis) -> bool:
 
 
 def _cluster_error(where: str, role: str) -> CheckMessage:
+    if role == "relier's store":
+        return Error(
+            f"Redis at {where} is a Redis Cluster node (cluster_enabled:1), and relier's "
+            "settings do not say so: its scripts would touch keys of several hash slots, "
+            "which a cluster refuses (CROSSSLOT).",
+            hint="Set RELIER['CLUSTER'] = True, and PARTITIONS to a multiple of the "
+            f"cluster's masters ({links.doc('scaling.md')}).",
+            id="relier.E014",
+        )
     return Error(
-        f"Redis at {where} is a Redis Cluster node (cluster_enabled:1), and {role} cannot "
-        "run on Redis Cluster: each of relier's scripts touches a task's keys together "
-        "with shared indexes (the expiry index, the DLQ, the metrics), which lie in other "
-        "hash slots, and a cluster refuses that (CROSSSLOT); kombu's Redis transport does "
-        "not support Redis Cluster either.",
-        hint="Point it at a Redis that is not in cluster mode (on a managed service: "
-        "'cluster mode disabled'); for failover, a master with replicas and Sentinel "
-        f"({links.doc('operations.md')}). What one master carries: {links.doc('scaling.md')}.",
+        f"Redis at {where} is a Redis Cluster node (cluster_enabled:1): {role} cannot use "
+        "it, since kombu's Redis transport does not support Redis Cluster.",
+        hint="Point Celery's broker at a Redis that is not in cluster mode (on a managed "
+        "service: 'cluster mode disabled'), with replicas and Sentinel for failover "
+        f"({links.doc('operations.md')}), or at RabbitMQ.",
         id="relier.E014",
     )
 
@@ -353,8 +410,10 @@ def check_broker_redis(
         return []  # not Redis (sentinel:// too: its master moves), or check_redis's
     where = f"{redact(url)} (Celery's broker)"
     try:
-        client = sync_client(cfg.replace(redis_url=url, sentinels=(), sentinel_master=None),
-                             fail_fast=True)  # fmt: skip
+        broker = cfg.replace(
+            redis_url=url, sentinels=(), sentinel_master=None, cluster=False, partitions=1
+        )
+        client = sync_client(broker, fail_fast=True)
         client.ping()
         if _cluster_mode(client):
             return [_cluster_error(where, "Celery's broker")]

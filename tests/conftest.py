@@ -33,6 +33,7 @@ _TIER_BY_DIR = {
     "integration": "integration",
     "chaos": "chaos",
     "browser": "browser",
+    "cluster": "cluster",
 }
 
 

@@ -158,5 +158,5 @@ def test_of_members_committing_at_once_exactly_one_creates_the_callback(redis_cl
     assert all(d.accepted for d in done)
     assert sum(d.value for d in done) == 1  # one commit created the callback
     assert redis_client.hget(keys.task("the-callback"), "state") == b"queued"
-    assert redis_client.zscore(keys.expiry, "the-callback") is not None
+    assert redis_client.zscore(keys.of_task("the-callback").expiry, "the-callback") is not None
     assert chords.header_results(client, keys, "group") == [i * 10 for i in range(n)]

@@ -100,7 +100,7 @@ def _dead(cfg: config.Config, client: redis.Redis) -> Any:
 
 def _expired(cfg: config.Config, client: redis.Redis) -> Any:
     env = _store(cfg, client)
-    client.zadd(_keys(cfg).expiry, {env.id: 1})
+    client.zadd(_keys(cfg).of_task(env.id).expiry, {env.id: 1})
     return env
 
 
@@ -304,7 +304,7 @@ def _scheduled(cfg: config.Config, client: redis.Redis) -> Any:
         .run(client)
         .scheduled
     )
-    client.zadd(_keys(cfg).schedule, {env.id: 1})  # due long ago
+    client.zadd(_keys(cfg).of_task(env.id).schedule, {env.id: 1})  # due long ago
     return env
 
 
@@ -499,11 +499,17 @@ def _outcome(case: Case, cfg: config.Config, client: redis.Redis) -> Any:
 
 
 def _run_once(
-    name: str, case: Case, proxy: LostReplyProxy, direct: redis.Redis, lose: bool
+    name: str,
+    case: Case,
+    proxy: LostReplyProxy,
+    direct: redis.Redis,
+    lose: bool,
+    partitions: int = 1,
 ) -> tuple[Any, dict[str, Any], int]:
     direct.flushall()
     script = getattr(scripts, name.upper())
-    with config_through(proxy) as cfg:
+    laid_out = config.current().replace(partitions=partitions)
+    with config_through(proxy, laid_out) as cfg:
         client = sync_client(cfg)
         before = proxy.calls(script.sha)
         if lose:
@@ -524,13 +530,25 @@ def test_every_script_has_a_replay_scenario() -> None:
     assert sorted(CASES) == _script_names(), "give every lua/*.lua a scenario in CASES"
 
 
-@pytest.mark.parametrize("name", [*_script_names(), *VARIANTS])
+def _layouts() -> list[Any]:
+    """Every scenario on the plain layout and on a partitioned one (PARTITIONS > 1,
+    docs/scaling.md: each key in its partition's slot, the absent keys named in it),
+    except workflows', which a partitioned store refuses at push (tests/unit/test_partitions.py)."""
+    cases = []
+    for name in [*_script_names(), *VARIANTS]:
+        cases.append(pytest.param(name, 1, id=f"{name}-plain"))
+        if "chain" not in name and "chord" not in name:
+            cases.append(pytest.param(name, 4, id=f"{name}-partitioned"))
+    return cases
+
+
+@pytest.mark.parametrize(("name", "partitions"), _layouts())
 def test_a_lost_reply_is_answered_as_the_first_call_and_changes_nothing_more(
-    name: str, lost_reply: LostReplyProxy, redis_client: redis.Redis
+    name: str, partitions: int, lost_reply: LostReplyProxy, redis_client: redis.Redis
 ) -> None:
     script, case = VARIANTS.get(name) or (name, CASES[name])
-    plain = _run_once(script, case, lost_reply, redis_client, lose=False)
-    lost = _run_once(script, case, lost_reply, redis_client, lose=True)
+    plain = _run_once(script, case, lost_reply, redis_client, lose=False, partitions=partitions)
+    lost = _run_once(script, case, lost_reply, redis_client, lose=True, partitions=partitions)
     (plain_answer, plain_state, plain_runs), (lost_answer, lost_state, lost_runs) = plain, lost
     assert lost_reply.dropped == 1, "the fault never fired: the scenario did not call the script"
     if case.replayed:

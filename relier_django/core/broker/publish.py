@@ -177,7 +177,10 @@ def _same_address(connection: Any, store: Any) -> bool:
     # Sentinel and others: elsewhere. Subclasses may publish differently; these two do not.
     if type(connection.transport) not in (kombu_redis.Transport, transport.Transport):
         return False
-    ours = store.connection_pool.connection_kwargs
+    pool = getattr(store, "connection_pool", None)
+    if pool is None:  # a Redis Cluster client: kombu cannot use a cluster as a broker
+        return False
+    ours = pool.connection_kwargs
     if ours.get("path") or not ours.get("host"):  # a unix socket, a Sentinel pool
         return False
     vhost = str(connection.virtual_host or "").strip("/")
@@ -195,8 +198,11 @@ def _colocated(channel: Any, store: Any) -> bool:
     parameters are the store's."""
     if type(channel) not in (kombu_redis.Channel, transport.Channel):
         return False
+    pool = getattr(store, "connection_pool", None)
+    if pool is None:  # a Redis Cluster client (see _same_address)
+        return False
     theirs = channel.pool.connection_kwargs
-    ours = store.connection_pool.connection_kwargs
+    ours = pool.connection_kwargs
     return all(theirs.get(f, d) == ours.get(f, d) for f, d in _DEFAULTS.items())
 
 

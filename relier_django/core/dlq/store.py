@@ -4,16 +4,27 @@ Listings page through the lex index (see ``lua/_dlq_index.lua``) with one
 ZRANGEBYLEX from a cursor, so a page costs O(log N + page size) at any depth and
 with any filter: the cost does not grow with the DLQ. Entries leave only through
 ``release``, ``delete`` or ``purge``; nothing here expires them.
+
+Partitions (``KeySpace.parts``): each partition indexes its own entries, and every
+reader here reads them all. A page reads the same lex range of every partition's
+index in one pipelined round trip and merges them. A member's bytes are its sort key
+(the query's prefix, the inverted failure time, the entry id) and an entry lives in
+one partition, so no two members tie: the merge is the order one index would have,
+and a cursor (a page's last member) is a bound every partition resumes from exactly.
+A page costs O(P * (log N + page size)) for P partitions, at any depth.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import redis
+from redis.client import Pipeline
 
 from ..store import checkpoint, scripts
 from ..store.keys import KeySpace
@@ -122,7 +133,7 @@ def lex_range(query: Query, cursor: Cursor | None) -> tuple[bytes, bytes]:
 
 
 class DeadLetterStore:
-    """The DLQ of one key space on one Redis.
+    """The DLQ of one key space on one Redis (or Redis Cluster): every partition's.
 
     Args:
         client: a client with decoded (str) replies, as ``connection.sync_client``.
@@ -138,6 +149,15 @@ class DeadLetterStore:
         self.keys = keys
         self.checkpoint_dir = checkpoint_dir
 
+    def _each(self, ask: Callable[[Pipeline, KeySpace], object]) -> list[Any]:
+        """The replies of the reads ``ask`` queues for each partition, partition by
+        partition in ``parts()`` order. One round trip, no MULTI (a cluster would refuse
+        one over several slots): each partition's reads are read as they are then."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for p in self.keys.parts():
+                ask(pipe, p)
+            return list(pipe.execute())
+
     def get(self, entry_id: str) -> Entry | None:
         """The whole entry, or None if no entry has this id (or it is being released)."""
         # The store's clients decode replies (connection.py): every reply is str.
@@ -147,40 +167,49 @@ class DeadLetterStore:
         return Entry.from_fields(entry_id, fields)
 
     def size(self) -> int:
-        return int(self.client.zcard(self.keys.dlq))
+        return sum(int(n) for n in self._each(lambda pipe, p: pipe.zcard(p.dlq)))
 
     def count_failed_before(self, ms: int) -> int:
         """Entries whose latest failure is at or before ``ms`` (what ``purge`` deletes)."""
-        return int(self.client.zcount(self.keys.dlq, "-inf", ms))
+        return sum(int(n) for n in self._each(lambda pipe, p: pipe.zcount(p.dlq, "-inf", ms)))
 
     def span(self) -> tuple[int, int] | None:
         """The oldest and the newest failure time in the DLQ (ms), or None when empty."""
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.zrange(self.keys.dlq, 0, 0, withscores=True)
-            pipe.zrange(self.keys.dlq, -1, -1, withscores=True)
-            oldest, newest = pipe.execute()
-        if not oldest or not newest:
-            return None
-        return int(oldest[0][1]), int(newest[0][1])
+
+        def ends(pipe: Pipeline, p: KeySpace) -> None:
+            pipe.zrange(p.dlq, 0, 0, withscores=True)
+            pipe.zrange(p.dlq, -1, -1, withscores=True)
+
+        # Each partition's two ends, in one round trip: the oldest of all is the least
+        # of the oldest ends, the newest the greatest of the newest ones.
+        found = [int(score) for reply in self._each(ends) for _, score in reply]
+        return (min(found), max(found)) if found else None
 
     def counts(self) -> Counts:
+        """Entries in all and by task, reason and both. Each partition's size and counts
+        are read in one MULTI, so ``total`` is the sum of ``by_task`` (and of
+        ``by_reason``) even while entries come and go."""
         by_task: dict[str, int] = {}
         by_reason: dict[str, int] = {}
         pairs: dict[tuple[str, str], int] = {}
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.zcard(self.keys.dlq)
-            pipe.hgetall(self.keys.dlq_counts)
-            total, raw = pipe.execute()
-        for name, value in raw.items():
-            kind, _, rest = name.partition("\x1f")
-            if kind == "t":
-                by_task[rest] = int(value)
-            elif kind == "r":
-                by_reason[rest] = int(value)
-            elif kind == "p":
-                reason, _, task = rest.partition("\x1f")
-                pairs[(reason, task)] = int(value)
-        return Counts(int(total), by_task, by_reason, pairs)
+        total = 0
+        for p in self.keys.parts():
+            # A round trip per partition: a MULTI may touch one cluster slot only.
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.zcard(p.dlq)
+                pipe.hgetall(p.dlq_counts)
+                size, raw = pipe.execute()
+            total += int(size)
+            for name, value in raw.items():
+                kind, _, rest = name.partition("\x1f")
+                if kind == "t":
+                    by_task[rest] = by_task.get(rest, 0) + int(value)
+                elif kind == "r":
+                    by_reason[rest] = by_reason.get(rest, 0) + int(value)
+                elif kind == "p":
+                    reason, _, task = rest.partition("\x1f")
+                    pairs[(reason, task)] = pairs.get((reason, task), 0) + int(value)
+        return Counts(total, by_task, by_reason, pairs)
 
     def page(self, query: Query = Query(), cursor: Cursor | None = None, limit: int = 50) -> Page:
         """Summaries matching ``query``, newest failure first, after ``cursor``.
@@ -191,10 +220,16 @@ class DeadLetterStore:
         if not 1 <= limit <= MAX_PAGE:
             raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
         low, high = lex_range(query, cursor)
-        members = cast(
-            "list[str]",
-            self.client.zrangebylex(self.keys.dlq_lex, low, high, start=0, num=limit + 1),
+        # The first limit + 1 after the cursor of each partition hold the first
+        # limit + 1 of all. Members are str here: code point order is the byte order
+        # of their UTF-8, ZRANGEBYLEX's order, so the merge keeps the index's order.
+        ranges = cast(
+            "list[list[str]]",
+            self._each(
+                lambda pipe, p: pipe.zrangebylex(p.dlq_lex, low, high, start=0, num=limit + 1)
+            ),
         )
+        members = list(itertools.islice(heapq.merge(*ranges), limit + 1))
         ids = [m.rsplit("\x1f", 1)[1] for m in members[:limit]]
         summaries = self._summaries(ids)
         more = len(members) > limit
@@ -227,7 +262,8 @@ class DeadLetterStore:
             cursor = page.next_cursor
 
     def delete(self, entry_ids: Sequence[str], fences: Sequence[int | None] = ()) -> list[str]:
-        """Delete entries for good; returns the ids actually deleted.
+        """Delete entries for good; returns the ids actually deleted, in the order
+        given.
 
         ``fences[i]`` pins the i-th delete to the failure the operator saw (an entry's
         ``fence``): a task that failed again meanwhile keeps its newer entry.
@@ -243,12 +279,16 @@ class DeadLetterStore:
         """Delete every entry whose latest failure is at or before ``failed_before_ms``
         (Redis clock; None: every entry). Returns how many were deleted."""
         cutoff = self.server_time_ms() if failed_before_ms is None else failed_before_ms
+        # One partition after another: a batch is one partition's, for one script call.
+        return sum(self._purge(p, cutoff, batch) for p in self.keys.parts())
+
+    def _purge(self, part: KeySpace, cutoff: int, batch: int) -> int:
         deleted = 0
         kept: set[str] = set()
         while True:
             ids = cast(
                 "list[str]",
-                self.client.zrangebyscore(self.keys.dlq, "-inf", cutoff, start=0, num=batch),
+                self.client.zrangebyscore(part.dlq, "-inf", cutoff, start=0, num=batch),
             )
             # A batch released under us leaves the index, so the next read moves on;
             # only ids the script refused while still indexed could come back forever.
@@ -263,15 +303,21 @@ class DeadLetterStore:
     ) -> list[str]:
         padded = list(fences) + [None] * (len(entry_ids) - len(fences))
         wanted = dict(zip(entry_ids, padded, strict=True))  # an id named twice counts once
-        ids = list(wanted)
-        if not ids:
-            return []
-        args: list[scripts.Arg] = ["" if max_at_ms is None else max_at_ms, scripts.REPLAY_WINDOW_MS]
-        for entry_id, fence in wanted.items():
-            args += [entry_id, "" if fence is None else fence]
-        token = uuid.uuid4().hex
-        done = scripts.DLQ_DELETE.run(self.client, self.keys.for_dlq_delete(ids, token), args)
-        deleted = [entry_id for entry_id, ok in zip(ids, done, strict=True) if int(ok)]
+        done: set[str] = set()
+        # One script call per partition, with that partition's entries: a script's keys
+        # must share a cluster slot. Each call has its own token (its receipt's key).
+        for part, ids in self.keys.by_partition(wanted).items():
+            args: list[scripts.Arg] = [
+                "" if max_at_ms is None else max_at_ms,
+                scripts.REPLAY_WINDOW_MS,
+            ]
+            for entry_id in ids:
+                fence = wanted[entry_id]
+                args += [entry_id, "" if fence is None else fence]
+            token = uuid.uuid4().hex
+            replies = scripts.DLQ_DELETE.run(self.client, part.for_dlq_delete(ids, token), args)
+            done.update(entry_id for entry_id, ok in zip(ids, replies, strict=True) if int(ok))
+        deleted = [entry_id for entry_id in wanted if entry_id in done]
         for entry_id in deleted:  # the entry id is its task's id
             checkpoint.remove_files(self.checkpoint_dir, entry_id)
         return deleted

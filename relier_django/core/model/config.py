@@ -89,6 +89,12 @@ class Config:
     metrics: bool = True
     # The success ratio the SLO figures measure against (relier_slo_*): 0.999 = 99.9 %.
     slo_objective: float = 0.999
+    # The store on a Redis Cluster: redis_url names any of its nodes (docs/scaling.md).
+    cluster: bool = False
+    # How many partitions the store is split into, each on one cluster hash slot, so
+    # that a cluster spreads them over its masters; fixed for a store's life (recorded
+    # in it, and a process configured otherwise refuses to start). 1: unpartitioned.
+    partitions: int = 1
 
     def __post_init__(self) -> None:
         found = self.problems()
@@ -129,6 +135,7 @@ class Config:
             found.append(
                 ("slo_objective", f" must be > 0 and < 1, e.g. 0.999, not {self.slo_objective}")
             )
+        found += self._cluster_problems()
         if not self.key_prefix or any(c in self.key_prefix for c in "{} "):
             found.append(("key_prefix", " must be non-empty, without braces or spaces"))
         checks: tuple[tuple[str, Callable[[], object]], ...] = (
@@ -150,6 +157,17 @@ class Config:
                 found.append(
                     (field, message[len(field) :] if message.startswith(field) else f": {message}")
                 )
+        return found
+
+    def _cluster_problems(self) -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        if not 1 <= self.partitions <= 1024:
+            found.append(("partitions", f" must be between 1 and 1024, not {self.partitions}"))
+        if self.cluster and self.sentinels:
+            found.append((
+                "cluster",
+                ": a Redis Cluster fails over by itself; set CLUSTER or SENTINELS, not both",
+            ))  # fmt: skip
         return found
 
     def task_admission_limits(self) -> dict[str, Rate]:

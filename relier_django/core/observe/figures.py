@@ -7,18 +7,23 @@ cluster, and counting costs the task path no round trip. Gauges (tasks in flight
 state, the oldest queued task, live workers, the DLQ's size, the scanner leader) are
 read from the store's own indexes when asked (``live.py``): they cannot drift from
 what the store holds, because they are what it holds.
+
+A partitioned store keeps these hashes and indexes per partition (``KeySpace.parts``):
+a reading sums every partition's, in the same round trip.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from ..model.config import Config
+from ..store.connection import execute_timed, timed_pipeline
 from ..store.keys import KeySpace
 from . import live
 
@@ -211,6 +216,40 @@ def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+def _summed(hashes: Iterable[Mapping[Any, Any]]) -> dict[str, int]:
+    """Every partition's counters hash as one, field by field: a partition's scripts
+    count the acts done in it only, so each sum (a counter, a histogram's bucket or
+    sum) is the whole store's."""
+    total: Counter[str] = Counter()
+    for raw in hashes:
+        total.update({_text(k): int(v) for k, v in raw.items()})
+    return dict(total)
+
+
+def _merged_windows(hashes: Iterable[Mapping[Any, Any]]) -> dict[str, int]:
+    """Every partition's windows hash as one, in the same layout. A ring slot's stamp
+    is the newest index any partition stamped it with, and its fields sum (``rec_max``:
+    the greatest) over the partitions whose stamp is that one. Another partition's
+    older index in the same slot is a whole ring back: outside every window read
+    (``_slo``, ``_minutes``), which spans fewer indexes than a ring has slots."""
+    each = [{_text(k): int(v) for k, v in raw.items()} for raw in hashes]
+    merged: dict[str, int] = {}
+    for windows in each:
+        for name, value in windows.items():
+            if ":" not in name:  # a slot's stamp: 'm17', 'h3'
+                merged[name] = max(merged.get(name, value), value)
+    for windows in each:
+        for name, value in windows.items():
+            slot, sep, what = name.partition(":")
+            if not sep or windows.get(slot) != merged.get(slot):
+                continue
+            if what == "rec_max":
+                merged[name] = max(merged.get(name, value), value)
+            else:
+                merged[name] = merged.get(name, 0) + value
+    return merged
+
+
 def _histograms(raw: Mapping[str, int]) -> dict[str, Histogram]:
     """'h:<name>:<bucket>' and 'h:<name>:sum' fields -> histograms by name."""
     counts: dict[str, list[int]] = {}
@@ -254,16 +293,17 @@ def read(
     ``broker_depth`` counts the recovery queue's messages on the broker (the Django
     layer passes one built from the Celery app); without it the depth reads 0."""
     keys = KeySpace.of(config)
-    pipe = client.pipeline(transaction=False)
-    pipe.time()
-    pipe.hgetall(keys.metrics_counters)
-    pipe.hgetall(keys.metrics_windows)
-    pipe.zcard(keys.dlq)
+    parts = keys.parts()
+    pipe = timed_pipeline(client)
     pipe.get(keys.leader)
-    (secs, micros), counters_raw, windows_raw, dlq_entries, leader = pipe.execute()
-    now_ms = int(secs) * 1000 + int(micros) // 1000
-    counters = {_text(k): int(v) for k, v in counters_raw.items()}
-    windows = {_text(k): int(v) for k, v in windows_raw.items()}
+    for p in parts:
+        pipe.hgetall(p.metrics_counters)
+        pipe.hgetall(p.metrics_windows)
+        pipe.zcard(p.dlq)
+    now_ms, (leader, *each) = execute_timed(client, pipe)
+    counters = _summed(each[0::3])
+    windows = _merged_windows(each[1::3])
+    dlq_entries = sum(int(n) for n in each[2::3])
     histograms = _histograms(counters)
     objective = config.slo_objective
     return Figures(
@@ -278,7 +318,7 @@ def read(
         phases={name: histograms.get(name, Histogram()) for name in PHASES},
         queue_wait=histograms.get("queue_wait", Histogram()),
         live=live.scan(client, keys, now_ms, task_limit=task_limit),
-        dlq_entries=int(dlq_entries),
+        dlq_entries=dlq_entries,
         leader=_text(leader) if leader is not None else None,
         recovery_queue_depth=broker_depth() if broker_depth is not None else 0,
         windows=_slo(windows, now_ms, objective),

@@ -5,11 +5,15 @@ and its hash says its state: ``queued`` (no worker holds it), ``reserved`` (a wo
 prefetched it: heartbeat.lua marked it with that worker), ``running``, or
 ``recovering`` (handed off, or leased to the DLQ, for the scanner to finish). Scheduled
 tasks are the schedule index's. These are counted from the store when asked, not kept
-as counters, so they cannot drift from what it holds.
+as counters, so they cannot drift from what it holds. A partitioned store has these
+indexes in each partition (``KeySpace.parts``): the counts are their sums, the oldest
+queued task the oldest of all, the scan the first ``SCAN_LIMIT`` by deadline of all.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -95,15 +99,23 @@ def state_name(stored: str, worker: str) -> str:
 def scan(
     client: redis.Redis, keys: KeySpace, now_ms: int, *, task_limit: int = TASK_LIST_LIMIT
 ) -> Live:
-    """Count in-flight tasks by state and list the oldest ``task_limit`` of them."""
+    """Count in-flight tasks by state and list the oldest ``task_limit`` of them: every
+    partition's, read in one round trip, then their task hashes 1,000 per round trip."""
     pipe = client.pipeline(transaction=False)
-    pipe.zcard(keys.schedule)
-    pipe.zcount(keys.expiry, "-inf", now_ms)
     pipe.zrange(keys.workers, 0, -1, withscores=True)
-    pipe.zrange(keys.expiry, 0, SCAN_LIMIT - 1)
-    pipe.zcard(keys.expiry)
-    scheduled, overdue, workers_raw, ids_raw, total = pipe.execute()
-    ids = [as_text(i) for i in ids_raw]
+    for p in keys.parts():
+        pipe.zcard(p.schedule)
+        pipe.zcount(p.expiry, "-inf", now_ms)
+        pipe.zrange(p.expiry, 0, SCAN_LIMIT - 1, withscores=True)
+        pipe.zcard(p.expiry)
+    workers_raw, *each = pipe.execute()
+    scheduled = sum(int(n) for n in each[0::4])
+    overdue = sum(int(n) for n in each[1::4])
+    total = sum(int(n) for n in each[3::4])
+    # The first SCAN_LIMIT by deadline of all are among the first SCAN_LIMIT of each
+    # partition: merged by deadline, as one index would list them.
+    by_deadline = heapq.merge(*each[2::4], key=lambda row: float(row[1]))
+    ids = [as_text(i) for i, _ in itertools.islice(by_deadline, SCAN_LIMIT)]
     counts: Counter[str] = Counter()
     oldest: float | None = None
     tasks: list[Task] = []
@@ -144,17 +156,17 @@ def scan(
                 )
             )
     tasks.sort(key=lambda t: (t.state != "running", -t.age_s))
-    counts["scheduled"] = int(scheduled)
+    counts["scheduled"] = scheduled
     alive = [
         (as_text(w), float(deadline)) for w, deadline in workers_raw if float(deadline) >= now_ms
     ]
     return Live(
         by_state={state: counts.get(state, 0) for state in STATES},
         oldest_queued_s=oldest,
-        overdue=int(overdue),
+        overdue=overdue,
         workers=tuple(Worker(w, _held_by(w, held)) for w, _ in alive),
         tasks=tuple(tasks[:task_limit]),
-        truncated=int(total) > len(ids),
+        truncated=total > len(ids),
     )
 
 

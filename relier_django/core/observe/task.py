@@ -1,10 +1,11 @@
 """One in-flight task as the store holds it, with its incarnation history.
 
 The admin's task page reads it (docs/admin-overview.md). The task hash and its history
-list share the ``{task_id}`` hash tag, so both are read in one MULTI: a task that
-commits meanwhile is seen before or after, never half-gone. A finished task (committed,
-dead-lettered, cancelled) has neither key any more: the reader gets None, and its
-outcome is the result key's or the DLQ's.
+list share a hash slot (the ``{task_id}`` tag; in a partitioned store the tag of the
+task's partition, ``KeySpace.of_task``), so both are read in one MULTI, which a Redis
+Cluster accepts: a task that commits meanwhile is seen before or after, never
+half-gone. A finished task (committed, dead-lettered, cancelled) has neither key any
+more: the reader gets None, and its outcome is the result key's or the DLQ's.
 """
 
 from __future__ import annotations

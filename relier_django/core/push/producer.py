@@ -97,7 +97,7 @@ def prepare(
     idem = idempotency_key
     if idem is None and spec.idempotent:
         idem = derive_key(spec.idempotency_key, args, kwargs)
-    task_id = task_id or uuid.uuid4().hex
+    task_id = _placed(spec.name, task_id, idem, bool(chain or group_id or chord))
     return Envelope(
         id=task_id,
         workflow=group_id or (task_id if chain else ""),
@@ -112,6 +112,37 @@ def prepare(
         schema_version=spec.schema.version,
         trace=tracing.inject(),  # the push span's context, when one is in progress
     )
+
+
+def _placed(task: str, task_id: str | None, idem: str | None, in_workflow: bool) -> str:
+    """The task's id: the caller's, or a fresh one. With partitions (docs/scaling.md),
+    a fresh id is drawn in the partition of the task's idempotency claim, so that one
+    script stores both; a caller's id must already be there.
+
+    Raises:
+        ValueError: with partitions, a caller's id whose partition is not its claim's,
+            or a workflow (chain, group, chord), whose steps Celery names itself.
+    """
+    keys = KeySpace.of(config.current())
+    if not keys.tagged:
+        return task_id or uuid.uuid4().hex
+    if in_workflow:
+        raise ValueError(
+            f"{task}: chains, groups and chords are not supported on a partitioned store "
+            "(RELIER['PARTITIONS'] > 1 or RELIER['CLUSTER']) yet: their steps' ids are drawn "
+            "by Celery, and a step must live in its workflow's partition (docs/scaling.md)"
+        )
+    claim = keys.idempotency(task, idem) if idem is not None else None
+    if task_id is None:
+        return keys.new_id(near=claim)
+    if claim is not None and keys.partition_of_key(claim) != keys.partition_of(task_id):
+        raise ValueError(
+            f"{task}: task_id {task_id!r} and the task's idempotency key fall in different "
+            "partitions of the store, which one script cannot touch together on a Redis "
+            "Cluster; leave task_id out and relier draws one in the key's partition "
+            "(docs/scaling.md)"
+        )
+    return task_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +188,30 @@ class _Push:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
         limit = self.spec.max_resurrections
         limit = self.cfg.max_resurrections if limit is None else limit
-        gates = admission.limits(self.keys, self.cfg, self.spec.name, self.spec.admission_limit)
+        # On a Redis Cluster the counters are not in the task's slot: admit() runs them.
+        gates = () if self.cfg.cluster else self._limits()
         return idempotency.store(
             self.keys, self.env, self.encoded, grace_ms, limit, gates, message,
             token=self.token, when=self.when,
         )  # fmt: skip
+
+    def _limits(self) -> tuple[admission.Limit, ...]:
+        return admission.limits(self.keys, self.cfg, self.spec.name, self.spec.admission_limit)
+
+    def admission_apart(self) -> ScriptCall[admission.Admission] | None:
+        """On a Redis Cluster, the admission check as a call of its own, made before
+        the store (None when no limit applies, or off a cluster, where push.lua admits
+        in the same step). Unlike push.lua's, it also counts a push that then turns out
+        to be an idempotent duplicate, or that fails: it errs towards refusing."""
+        if not self.cfg.cluster:
+            return None
+        limits = self._limits()
+        return admission.check(limits) if limits else None
+
+    def refused(self, verdict: admission.Admission) -> None:
+        """Raise AdmissionRejected for a refused :meth:`admission_apart`."""
+        if not verdict.admitted:
+            self.duplicate(idempotency.StoreResult(False, "", refused_for_s=verdict.retry_after_s))
 
     def duplicate(self, stored: idempotency.StoreResult) -> Receipt | None:
         """The receipt of an idempotent duplicate, or None when this push was stored."""
@@ -213,6 +263,8 @@ class _Push:
             if self.when.delayed
             else publish.message_for_store(app, self.env, self.encoded, client)
         )
+        if (check := self.admission_apart()) is not None:
+            self.refused(check.run(client))
         if self.record is not None:
             self.record.run(client, self.keys)
         stored = self.store(message).run(client)
@@ -231,6 +283,8 @@ class _Push:
         message = None
         if not self.when.delayed:
             message = await publish.amessage_for_store(app, self.env, self.encoded, client)
+        if (check := self.admission_apart()) is not None:
+            self.refused(await check.arun(client))
         if self.record is not None:
             await self.record.arun(client, self.keys)
         stored = await self.store(message).arun(client)

@@ -133,7 +133,7 @@ def held_by(
     main process. One pipelined read per 1,000 tasks: paid once per death, not per
     check."""
     found: list[tuple[str, str, int]] = []
-    ids = [str(i) for i in client.zrange(keys.expiry, 0, -1)]
+    ids = [str(i) for part in keys.parts() for i in client.zrange(part.expiry, 0, -1)]
     for at in range(0, len(ids), _CHUNK):
         chunk = ids[at : at + _CHUNK]
         pipe = client.pipeline(transaction=False)
@@ -145,14 +145,22 @@ def held_by(
     return found
 
 
-def hand_off(keys: KeySpace, held: Iterable[tuple[str, str, int]]) -> scripts.ScriptCall[int]:
-    """orphans.lua over ``(task_id, dead worker, its last sign of life)`` triples."""
-    triples = list(held)
-    args: list[scripts.Arg] = []
-    for task_id, worker, seen_ms in triples:
-        args += [task_id, worker, seen_ms]
-    ids = [task_id for task_id, _, _ in triples]
-    return scripts.ScriptCall(scripts.ORPHANS, keys.for_orphans(ids), args, _count)
+def hand_off(keys: KeySpace, held: Iterable[tuple[str, str, int]]) -> scripts.Call[int]:
+    """orphans.lua over ``(task_id, dead worker, its last sign of life)`` triples, one
+    call per partition."""
+
+    def build(part: KeySpace, triples: list[tuple[str, str, int]]) -> scripts.ScriptCall[int]:
+        args: list[scripts.Arg] = []
+        for task_id, worker, seen_ms in triples:
+            args += [task_id, worker, seen_ms]
+        ids = [task_id for task_id, _, _ in triples]
+        return scripts.ScriptCall(scripts.ORPHANS, part.for_orphans(ids), args, _count)
+
+    return scripts.per_partition(keys, list(held), _task_of, build, sum)
+
+
+def _task_of(triple: tuple[str, str, int]) -> str:
+    return triple[0]
 
 
 def _count(reply: Any) -> int:

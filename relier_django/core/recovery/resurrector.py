@@ -26,7 +26,7 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 
@@ -42,6 +42,8 @@ from ..model.transition import history_tail
 from ..store import scripts
 from ..store.connection import sync_client
 from ..store.keys import KeySpace
+
+T = TypeVar("T")
 
 logger = logging.getLogger("relier_django.resurrector")
 
@@ -108,21 +110,30 @@ class Resurrector:
         self.config = config
         self.scanner_id = scanner_id
         self.keys = KeySpace.of(config)
+        self._turn = 0  # the partition the next pass starts after
 
     @property
     def client(self) -> redis.Redis:
         return sync_client(self.config)
 
     def expired_ids(self) -> list[str]:
-        """Up to ``resurrect_batch`` ids whose deadline passed, by the Redis clock."""
+        """Up to ``resurrect_batch`` ids whose deadline passed, by the Redis clock. With
+        partitions, each pass starts at the next partition, so a busy one never keeps
+        another's expired tasks waiting more than a pass or two."""
         seconds, micros = self.client.time()
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        return cast(
-            "list[str]",  # a client that decodes replies (connection.py)
-            self.client.zrangebyscore(
-                self.keys.expiry, "-inf", now_ms, start=0, num=self.config.resurrect_batch
-            ),
-        )
+        parts = self.keys.parts()
+        self._turn = (self._turn + 1) % len(parts)
+        found: list[str] = []
+        for part in parts[self._turn :] + parts[: self._turn]:
+            room = self.config.resurrect_batch - len(found)
+            if room <= 0:
+                break
+            found += cast(
+                "list[str]",  # a client that decodes replies (connection.py)
+                self.client.zrangebyscore(part.expiry, "-inf", now_ms, start=0, num=room),
+            )
+        return found
 
     def newly_due(self, since_ms: int | None) -> tuple[bool, int]:
         """Whether a deadline passed in ``[since_ms, now]`` (Redis clock), and now.
@@ -132,16 +143,22 @@ class Resurrector:
         a check instead of at the next pass. Only deadlines that passed since the last
         look count, so an expired task a pass leaves (the recovery queue is full) does
         not make every check a pass. One round trip: the earliest deadline after
-        ``since_ms`` is compared with the time read in the same pipeline. ``since_ms``
-        itself is included: a deadline set in the millisecond of the last look, after
-        it, is not missed (one set before it costs one extra pass)."""
+        ``since_ms`` (in each partition) is compared with the time read in the same
+        pipeline. ``since_ms`` itself is included: a deadline set in the millisecond of
+        the last look, after it, is not missed (one set before it costs one extra
+        pass)."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.time()
+        # A cluster's pipeline refuses TIME (it names no key): read apart, just after.
+        in_pipe = not self.config.cluster
+        if in_pipe:
+            pipe.time()
         after = "-inf" if since_ms is None else since_ms
-        pipe.zrangebyscore(self.keys.expiry, after, "+inf", start=0, num=1, withscores=True)
-        (seconds, micros), earliest = pipe.execute()
+        for part in self.keys.parts():
+            pipe.zrangebyscore(part.expiry, after, "+inf", start=0, num=1, withscores=True)
+        earliest = pipe.execute()
+        seconds, micros = earliest.pop(0) if in_pipe else self.client.time()
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        due = since_ms is not None and bool(earliest) and float(earliest[0][1]) <= now_ms
+        due = since_ms is not None and any(e and float(e[0][1]) <= now_ms for e in earliest)
         return due, now_ms
 
     def recovery_depth(self) -> int:
@@ -225,15 +242,21 @@ class Resurrector:
         return outcomes
 
     def _lease(self, ids: list[str]) -> list[_Leased]:
-        """resurrect.lua over ``ids``: one call, one reply per task."""
+        """resurrect.lua over ``ids``: one call per partition, one reply per task."""
         lease_ms = int(self.config.resurrect_lease_s * 1000)
         ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
         grace_ms = int(self.config.queued_grace_s * 1000)
-        return scripts.ScriptCall(
-            scripts.RESURRECT, self.keys.for_resurrect(ids),
-            [lease_ms, self.scanner_id, uuid.uuid4().hex, ttl_ms, grace_ms, *ids],
-            lambda replies: [_parse_lease(i, r) for i, r in zip(ids, replies, strict=True)],
-        ).run(self.client)  # fmt: skip
+
+        def build(part: KeySpace, chunk: list[str]) -> scripts.ScriptCall[dict[str, _Leased]]:
+            return scripts.ScriptCall(
+                scripts.RESURRECT, part.for_resurrect(chunk),
+                [lease_ms, self.scanner_id, uuid.uuid4().hex, ttl_ms, grace_ms, *chunk],
+                lambda replies: {i: _parse_lease(i, r)
+                                 for i, r in zip(chunk, replies, strict=True)},
+            )  # fmt: skip
+
+        leased = scripts.per_partition(self.keys, ids, str, build, _merged).run(self.client)
+        return [leased[task_id] for task_id in ids]
 
     def _settle_all(
         self, ids: list[str], leases: list[_Leased], outcomes: Counter[str]
@@ -313,16 +336,24 @@ class Resurrector:
     def _record(self, sent: list[tuple[Envelope, str]]) -> int:
         """resurrected.lua over ``sent``; returns how many it recorded."""
         grace_ms = int(self.config.queued_grace_s * 1000)
-        args: list[scripts.Arg] = [grace_ms]
         # Re-stored only when signed: see resurrected.lua (key rotation).
         signed = self.config.signer is not None
-        for env, encoded in sent:
-            tail = history_tail("resurrected", fence=env.fence, scanner=self.scanner_id)
-            args += (env.id, env.fence, encoded if signed else "", tail)
-        recorded = scripts.ScriptCall(
-            scripts.RESURRECTED, self.keys.for_resurrected(env.id for env, _ in sent), args,
-            lambda replies: [bool(int(r)) for r in replies],
-        ).run(self.client)  # fmt: skip
+
+        def build(
+            part: KeySpace, chunk: list[tuple[Envelope, str]]
+        ) -> scripts.ScriptCall[dict[str, bool]]:
+            ids = [env.id for env, _ in chunk]
+            args: list[scripts.Arg] = [grace_ms]
+            for env, encoded in chunk:
+                tail = history_tail("resurrected", fence=env.fence, scanner=self.scanner_id)
+                args += (env.id, env.fence, encoded if signed else "", tail)
+            return scripts.ScriptCall(
+                scripts.RESURRECTED, part.for_resurrected(ids), args,
+                lambda replies: {i: bool(int(r)) for i, r in zip(ids, replies, strict=True)},
+            )  # fmt: skip
+
+        done = scripts.per_partition(self.keys, sent, _id_of, build, _merged).run(self.client)
+        recorded = [done[env.id] for env, _ in sent]
         for (env, _), ok in zip(sent, recorded, strict=True):
             logger.warning(
                 "resurrected task_id=%s task=%s fence=%s resurrections=%s%s",
@@ -377,3 +408,12 @@ class Resurrector:
             logger.error("dead-lettered task_id=%s reason=resurrection_limit", env.id)
             return "dead_lettered"
         return "skipped"
+
+
+def _merged(parts: list[dict[str, T]]) -> dict[str, T]:
+    """One partition's replies by task id, merged: the caller restores its order."""
+    return {task_id: reply for part in parts for task_id, reply in part.items()}
+
+
+def _id_of(dispatch: tuple[Envelope, str]) -> str:
+    return dispatch[0].id

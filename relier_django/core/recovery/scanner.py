@@ -18,10 +18,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
+
 from ..model.config import Config
 from ..schedule import periodic
 from ..schedule.dispatch import Dispatcher
 from ..store import liveness, scripts
+from ..store.connection import home_client, refresh_home
 from . import deaths
 from .resurrector import PassReport, Resurrector
 
@@ -62,7 +65,7 @@ class Scanner:
         self.scanner_id = scanner_id
         self._stop = threading.Event()
         self._leads = False  # as of the last pass
-        self.deaths = deaths.Deaths(self.resurrector.client, self.resurrector.keys)
+        self.deaths = deaths.Deaths(home_client(config), self.resurrector.keys)
         # Holders found dead and not handed off yet (by this scanner, once it leads):
         # worker -> (its last sign of life, Redis ms; when this scanner found it).
         self._dead: dict[str, tuple[int, float]] = {}
@@ -135,7 +138,15 @@ class Scanner:
         """List the live holders; if this scanner leads (or takes the lease from a dead
         leader), hand off the tasks of the holders found dead. Returns how many."""
         now = time.monotonic()
-        for worker, seen_ms in self.deaths.check().items():
+        if self.config.cluster:
+            # The liveness connections follow the home master through a failover.
+            self.deaths.client = home_client(self.config)
+        try:
+            newly_dead = self.deaths.check()
+        except redis.ConnectionError:
+            refresh_home(self.config)  # the home master may have failed over
+            raise
+        for worker, seen_ms in newly_dead.items():
             logger.warning("holder found dead (its connection is gone) worker=%s", worker)
             self._dead[worker] = (seen_ms, now)
         for worker, (_, found) in list(self._dead.items()):

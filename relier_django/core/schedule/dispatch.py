@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,8 @@ from ..store.keys import KeySpace
 logger = logging.getLogger("relier_django.schedule")
 
 BATCH = 100  # due tasks per schedule_take.lua call
+# On a Redis Cluster the leader polls for a new earliest due time this often (wait()).
+CLUSTER_NAP_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,18 +81,22 @@ class Dispatcher:
         seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
 
-    def due_ids(self, now_ms: int) -> list[str]:
-        due = self.client.zrangebyscore(self.keys.schedule, "-inf", now_ms, 0, BATCH)
+    def due_ids(self, part: KeySpace, now_ms: int) -> list[str]:
+        due = self.client.zrangebyscore(part.schedule, "-inf", now_ms, 0, BATCH)
         return [str(task_id) for task_id in due]
 
     def run_due(self) -> int:
-        """Dispatch every task due now; returns how many were published."""
+        """Dispatch every task due now, partition by partition; returns how many were
+        published."""
+        return sum(self._run_due(part) for part in self.keys.parts())
+
+    def _run_due(self, part: KeySpace) -> int:
         published = 0
-        while ids := self.due_ids(self.now_ms()):
+        while ids := self.due_ids(part, self.now_ms()):
             token = uuid.uuid4().hex
             lease_ms = int(self.config.resurrect_lease_s * 1000)
             taken = scripts.ScriptCall(
-                scripts.SCHEDULE_TAKE, self.keys.for_schedule_take(ids),
+                scripts.SCHEDULE_TAKE, part.for_schedule_take(ids),
                 [lease_ms, token, *ids], lambda replies: _parse(ids, replies),
             ).run(self.client)  # fmt: skip
             sent = [t for t in taken if self._dispatch(t)]
@@ -99,7 +106,7 @@ class Dispatcher:
                 for t in sent:
                     args += (t.task_id, t.fence)
                 scripts.ScriptCall(
-                    scripts.SCHEDULE_SENT, self.keys.for_schedule_sent(t.task_id for t in sent),
+                    scripts.SCHEDULE_SENT, part.for_schedule_sent([t.task_id for t in sent]),
                     args, int,
                 ).run(self.client)  # fmt: skip
             published += len(sent)
@@ -109,15 +116,24 @@ class Dispatcher:
 
     def next_due_in_s(self) -> float | None:
         """Seconds until the earliest scheduled task is due (0 if overdue), or None."""
-        head = self.client.zrange(self.keys.schedule, 0, 0, withscores=True)
-        if not head:
+        pipe = self.client.pipeline(transaction=False)
+        for part in self.keys.parts():
+            pipe.zrange(part.schedule, 0, 0, withscores=True)
+        heads = [float(head[0][1]) for head in pipe.execute() if head]
+        if not heads:
             return None
-        return max(0.0, (float(head[0][1]) - self.now_ms()) / 1000)
+        return max(0.0, (min(heads) - self.now_ms()) / 1000)
 
     def wait(self, timeout_s: float) -> None:
-        """Sleep up to ``timeout_s``, or until a push makes a new earliest due time."""
-        if timeout_s > 0:
-            self.client.blpop([self.keys.schedule_wake], timeout=timeout_s)
+        """Sleep up to ``timeout_s``, or until a push makes a new earliest due time. On
+        a Redis Cluster, whose BLPOP waits on one slot's lists only, the wait is cut
+        into naps of ``CLUSTER_NAP_S``: a new earliest due time is seen within one."""
+        if timeout_s <= 0:
+            return
+        if self.config.cluster:
+            time.sleep(min(timeout_s, CLUSTER_NAP_S))
+            return
+        self.client.blpop([part.schedule_wake for part in self.keys.parts()], timeout=timeout_s)
 
     def _dispatch(self, taken: _Taken) -> bool:
         try:

@@ -1,10 +1,12 @@
 """What is scheduled, read for operators: the schedule index by due time, and each
 periodic entry with its last tick, that tick's outcome and its next tick.
 
-Read-only: paged ``ZRANGE <p>:sched <min> +inf BYSCORE LIMIT`` and one pipelined
-``HMGET`` per page, never a write, so ``manage.py relier_scheduled`` and the admin's
-pages cannot disturb the leader that dispatches these tasks. A listing is a snapshot:
-a task dispatched or cancelled between the two reads is left out, not shown half.
+Read-only: paged ``ZRANGE <p>:sched <min> +inf BYSCORE LIMIT`` (of every partition's
+index, ``KeySpace.parts``, in one pipelined round trip, merged by due time) and one
+pipelined ``HMGET`` per page, never a write, so ``manage.py relier_scheduled`` and the
+admin's pages cannot disturb the leader that dispatches these tasks. A listing is a
+snapshot: a task dispatched or cancelled between the two reads is left out, not shown
+half.
 
 Decision: a page is resumed by a cursor (due time, task id) rather than an offset, as
 the DLQ's pages are, so a page costs the same at any depth and stays right while due
@@ -25,10 +27,10 @@ import redis
 from celery.schedules import crontab
 
 from ..model.config import Config
-from ..store.connection import sync_client
+from ..store.connection import execute_timed, sync_client, timed_pipeline
 from ..store.keys import KeySpace
 from ..store.receipt import read_status
-from .periodic import read_entries, tick_id
+from .periodic import entry_tick_id, read_entries
 from .ticks import Cron, Every, Schedule
 
 MAX_PAGE = 500
@@ -162,17 +164,19 @@ def page(
         raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
     client = client or sync_client(config)
     keys = KeySpace.of(config)
-    with client.pipeline(transaction=False) as pipe:
-        pipe.time()
-        pipe.zcard(keys.schedule)
-        (seconds, micros), total = pipe.execute()
+    parts = keys.parts()
+    with timed_pipeline(client) as pipe:
+        for p in parts:
+            pipe.zcard(p.schedule)
+        now_ms, sizes = execute_timed(client, pipe)
+    total = sum(int(n) for n in sizes)
     found: list[Scheduled] = []
     at, scanned = cursor, 0
     while len(found) < limit and scanned < SCAN_LIMIT:
         want = limit - len(found) if task is None else min(_BATCH, SCAN_LIMIT - scanned)
-        members = _after(client, keys, at, want)
+        members = _after(client, parts, at, want)
         if not members:
-            return Page(tuple(found), None, int(total), _ms(seconds, micros))
+            return Page(tuple(found), None, total, now_ms)
         rows = {row.task_id: row for row in _read(client, keys, members)}
         for task_id, due_ms in members:
             scanned += 1
@@ -182,39 +186,41 @@ def page(
                 found.append(row)
                 if len(found) == limit:
                     break
-    more = at is not None and bool(_after(client, keys, at, 1))
-    return Page(tuple(found), at if more else None, int(total), _ms(seconds, micros))
-
-
-def _ms(seconds: Any, micros: Any) -> int:
-    return int(seconds) * 1000 + int(micros) // 1000
+    more = at is not None and bool(_after(client, parts, at, 1))
+    return Page(tuple(found), at if more else None, total, now_ms)
 
 
 def _after(
-    client: redis.Redis, keys: KeySpace, cursor: Cursor | None, count: int
+    client: redis.Redis, parts: Sequence[KeySpace], cursor: Cursor | None, count: int
 ) -> list[tuple[str, int]]:
-    """Up to ``count`` (task id, due ms) of the index strictly after ``cursor``.
+    """Up to ``count`` (task id, due ms) strictly after ``cursor``, of every partition's
+    schedule index, in (due ms, id) order: one index's order, since an id is in one
+    partition only. The first ``count`` of all are among the first ``count`` of each.
 
     Members of one score come in byte order of their ids, so the ones at the cursor's
-    own due time that sort at or before its id were on an earlier page."""
+    own due time that sort at or before its id were on an earlier page. Ids are str
+    here: their code point order is their UTF-8 bytes' order."""
     low: int | str = "-inf" if cursor is None else cursor.due_ms
     out: list[tuple[str, int]] = []
-    skip = 0
-    while len(out) < count:
-        rows = cast(
-            "list[tuple[str, float]]",
-            client.zrangebyscore(
-                keys.schedule, low, "+inf", start=skip, num=count + 1, withscores=True
-            ),
-        )
-        for member, score in rows:
-            due = int(score)
-            if cursor is not None and due == cursor.due_ms and member <= cursor.task_id:
-                continue
-            out.append((member, due))
-        if len(rows) <= count:  # the index ends here
-            break
-        skip += len(rows)
+    # Each partition still read: (its index, how many members read, how many kept).
+    reading = [(p.schedule, 0, 0) for p in parts]
+    while reading:  # one round trip for every partition; rarely more than one
+        with client.pipeline(transaction=False) as pipe:
+            for key, skip, _ in reading:
+                pipe.zrangebyscore(key, low, "+inf", start=skip, num=count + 1, withscores=True)
+            replies = cast("list[list[tuple[str, float]]]", pipe.execute())
+        again = []
+        for (key, skip, kept), rows in zip(reading, replies, strict=True):
+            for member, score in rows:
+                due = int(score)
+                if cursor is not None and due == cursor.due_ms and member <= cursor.task_id:
+                    continue
+                out.append((member, due))
+                kept += 1
+            if kept < count and len(rows) > count:  # more of this index to read
+                again.append((key, skip + len(rows), kept))
+        reading = again
+    out.sort(key=lambda row: (row[1], row[0]))
     return out[:count]
 
 
@@ -338,16 +344,15 @@ def periodic(app: Any, config: Config) -> Periodic:
     client = sync_client(config)
     keys = KeySpace.of(config)
     entries, rejected = read_entries(app)
-    with client.pipeline(transaction=False) as pipe:
-        pipe.time()
+    with timed_pipeline(client) as pipe:
         if entries:
             pipe.hmget(keys.periodic, [e.name for e in entries])
-        (seconds, micros), *replies = pipe.execute()
-    now_ms, lasts = _ms(seconds, micros), replies[0] if replies else []
+        now_ms, replies = execute_timed(client, pipe)
+    lasts = replies[0] if replies else []
     shown = []
     for entry, raw in zip(entries, lasts, strict=True):
         last = None if raw is None else int(raw)
-        task_id = None if last is None else tick_id(entry.name, last)
+        task_id = None if last is None else entry_tick_id(app, entry, last, keys)
         status = None if task_id is None else read_status(config, task_id)
         outcome = status.state if status is not None and status.known else None
         shown.append(

@@ -48,6 +48,7 @@ from typing import Any
 from ..model import arguments
 from ..model.config import Config
 from ..model.errors import AdmissionRejected, DuplicateTaskId
+from ..model.idem_key import derive_key
 from ..model.spec import TaskSpec
 from ..model.timing import Timing
 from ..push import producer
@@ -153,9 +154,31 @@ def _entry(app: Any, name: str, raw: Any) -> Entry:
     )
 
 
-def tick_id(entry: str, tick_ms: int) -> str:
-    """The task id of ``entry``'s tick at ``tick_ms``: the same for every scanner."""
-    return hashlib.sha256(f"relier.periodic\0{entry}\0{tick_ms}".encode()).hexdigest()[:32]
+def tick_id(
+    entry: str, tick_ms: int, keys: KeySpace | None = None, claim: str | None = None
+) -> str:
+    """The task id of ``entry``'s tick at ``tick_ms``: the same for every scanner. On a
+    partitioned store, an idempotent task's tick id is the first of a fixed sequence
+    that falls in its idempotency ``claim``'s partition (one script stores both)."""
+    base = f"relier.periodic\0{entry}\0{tick_ms}"
+    found = hashlib.sha256(base.encode()).hexdigest()[:32]
+    if keys is None or claim is None or keys.partitions == 1:
+        return found
+    want, n = keys.partition_of_key(claim), 0
+    while keys.partition_of(found) != want:
+        n += 1
+        found = hashlib.sha256(f"{base}\0{n}".encode()).hexdigest()[:32]
+    return found
+
+
+def entry_tick_id(app: Any, entry: Entry, tick_ms: int, keys: KeySpace) -> str:
+    """:func:`tick_id` of one of the app's entries (its task's claim, if idempotent)."""
+    spec: TaskSpec = app.tasks[entry.task].relier_spec
+    claim = None
+    if spec.idempotent:
+        key = derive_key(spec.idempotency_key, entry.args, dict(entry.kwargs or {}))
+        claim = keys.idempotency(spec.name, key)
+    return tick_id(entry.name, tick_ms, keys, claim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +313,7 @@ class _Firing:
             )
             return False
         spec = self.app.tasks[entry.task].relier_spec
-        task_id = tick_id(entry.name, tick)
+        task_id = entry_tick_id(self.app, entry, tick, KeySpace.of(self.config))
         try:
             producer.push(
                 spec,

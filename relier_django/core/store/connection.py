@@ -9,6 +9,13 @@ connections TLS too. Every relier client (workers, resurrector, producer, admin,
 commands, rate limiter, lock) is built here, so the rules hold everywhere; the one
 hand-made connection (``pipelined``) takes its address from :func:`connection_options`.
 
+Redis Cluster (``config.cluster``): ``redis_url`` names any node; the clients are
+redis-py's ``RedisCluster`` (sync and asyncio), which route each script to the master
+of its keys' slot and follow a failover (a moved slot, a promoted replica) within
+their retries. Every key one call touches shares a slot (``keys``); the process-wide
+connections that are not about a key (the liveness connection, ``CLIENT LIST``) go to
+the "home" node: the master of the ``{g}`` slot (:func:`home_client`).
+
 Fork safety: clients are cached per PID, and the cache is emptied in a forked child,
 so a prefork child never writes to a socket its parent opened (redis-py's pools also
 check the PID; this makes it explicit and covers the Sentinel manager's own sockets).
@@ -31,12 +38,16 @@ import redis.asyncio
 import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.backoff
+import redis.cluster
 import redis.connection
 import redis.retry
 import redis.sentinel
 
 from ..model.config import Config
 from ..model.redaction import redact
+from . import cluster
+from .keys import KeySpace
+from .retrying import RETRIES, AsyncRetry, Retry, backoff
 
 __all__ = [
     "FastLane",
@@ -49,73 +60,9 @@ __all__ = [
     "sync_client",
 ]
 
-# A restart, a failover or a brief network cut must not fail a task's start or
-# commit: connection errors are retried with backoff for at least 3.75 s and at most
-# 7.5 s (half of each delay is fixed, half random: 0.05 s doubling up to 1 s, 10 times;
-# redis-py's default gives up within about one second). The fixed half gives a floor: a
-# fully random delay can add up to under 3 s a few percent of the time, shorter than a
-# Sentinel failover with down-after-milliseconds 1000 (2.3-2.9 s, measured by
-# tests/chaos/test_sentinel.py). With Sentinel, each retry asks the sentinels again, so a
-# failover that completes within that time is invisible to callers; a longer outage is
-# covered by the expiry index. Every script these clients run is safe to re-run after an
-# unseen success: fence checks and push.lua's same-envelope check make a replay a no-op
-# or a refusal. (ratelimit.lua is not, which is why the limiter uses a fail-fast client.)
-_RETRIES = 10
 # Fail-fast clients (the view rate limiter) give up at once: a request must not wait
 # seconds for Redis, and a hit must not be counted twice by a retry after a lost reply.
 _FAST_TIMEOUT_S = 1.0
-
-
-def _backoff() -> redis.backoff.AbstractBackoff:
-    return redis.backoff.EqualJitterBackoff(cap=1.0, base=0.05)
-
-
-# redis-py's AuthenticationError (a wrong password, a disabled user, NOAUTH) is a
-# ConnectionError, so its retry policy retries it: seconds of backoff per call (and
-# nested retries around a subscription add up: a resurrector given a wrong password
-# took 34 s to start and to honour SIGTERM) for an answer that cannot change.
-_PERMANENT = (redis.exceptions.AuthenticationError,)
-
-
-class _Permanent(Exception):
-    """Carries a permanent error out of redis-py's retry loop, which retries only the
-    errors it supports; not one of them."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(error)
-        self.error = error
-
-
-class _Retry(redis.retry.Retry):
-    """redis-py's retry policy, except that a permanent error is raised at once."""
-
-    def call_with_retry(self, do: Callable[[], Any], fail: Any, *args: Any, **kwargs: Any) -> Any:
-        def attempt() -> Any:
-            try:
-                return do()
-            except _PERMANENT as exc:
-                raise _Permanent(exc) from exc
-
-        try:
-            return super().call_with_retry(attempt, fail, *args, **kwargs)
-        except _Permanent as wrapped:
-            raise wrapped.error from None
-
-
-class _AsyncRetry(redis.asyncio.retry.Retry):
-    """:class:`_Retry` for the asyncio clients."""
-
-    async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
-        async def attempt() -> Any:
-            try:
-                return await do()
-            except _PERMANENT as exc:
-                raise _Permanent(exc) from exc
-
-        try:
-            return await super().call_with_retry(attempt, fail, *args, **kwargs)
-        except _Permanent as wrapped:
-            raise wrapped.error from None
 
 
 _NO_BACKOFF = redis.backoff.NoBackoff()
@@ -132,7 +79,7 @@ class _LoopClient:
 
 
 # What a cached client is keyed by: everything that decides where and how it connects.
-Target = tuple[str, tuple[str, ...], str | None, str | None]
+Target = tuple[Any, ...]
 
 _lock = threading.Lock()
 _sync: dict[tuple[int, Target, bool], redis.Redis] = {}
@@ -143,6 +90,8 @@ _async: weakref.WeakKeyDictionary[
 
 def describe(config: Config) -> str:
     """Where ``config``'s clients connect, with passwords hidden: for startup logs."""
+    if config.cluster:
+        return f"Redis Cluster via {redact(config.redis_url)}"
     if not config.sentinels:
         return redact(config.redis_url)
     return (
@@ -153,7 +102,10 @@ def describe(config: Config) -> str:
 
 def target(config: Config) -> Target:
     """What identifies the server(s) a config talks to: the key of every client cache."""
-    return (config.redis_url, config.sentinels, config.sentinel_master, config.sentinel_password)
+    return (
+        config.redis_url, config.sentinels, config.sentinel_master, config.sentinel_password,
+        config.cluster,
+    )  # fmt: skip
 
 
 def _options(config: Config, fail_fast: bool) -> dict[str, Any]:
@@ -276,14 +228,16 @@ def fast_lane(client: redis.Redis) -> FastLane | None:
 
 
 def _build_sync(config: Config, fail_fast: bool) -> redis.Redis:
-    retry = _Retry(_backoff(), 0 if fail_fast else _RETRIES)
+    retry = Retry(backoff(), 0 if fail_fast else RETRIES)
     options = _options(config, fail_fast)
+    if config.cluster:
+        return cluster.sync_cluster(config, fail_fast, options)
     if not config.sentinels:
         client = redis.Redis.from_url(config.redis_url, retry=retry, **options)
         if not fail_fast:
             _lanes[client] = FastLane(client.connection_pool)
         return client
-    manager, master = _sentinel(config, options, redis.sentinel.Sentinel, _Retry)
+    manager, master = _sentinel(config, options, redis.sentinel.Sentinel, Retry)
     assert config.sentinel_master is not None  # Config refuses sentinels without it
     master_client: redis.Redis = manager.master_for(config.sentinel_master, retry=retry, **master)
     return master_client
@@ -292,11 +246,13 @@ def _build_sync(config: Config, fail_fast: bool) -> redis.Redis:
 def _build_async(
     config: Config, fail_fast: bool
 ) -> tuple[redis.asyncio.Redis, redis.asyncio.sentinel.Sentinel | None]:
-    retry = _AsyncRetry(_backoff(), 0 if fail_fast else _RETRIES)
+    retry = AsyncRetry(backoff(), 0 if fail_fast else RETRIES)
     options = _options(config, fail_fast)
+    if config.cluster:
+        return cluster.async_cluster(config, fail_fast, options), None
     if not config.sentinels:
         return redis.asyncio.Redis.from_url(config.redis_url, retry=retry, **options), None
-    manager, master = _sentinel(config, options, redis.asyncio.sentinel.Sentinel, _AsyncRetry)
+    manager, master = _sentinel(config, options, redis.asyncio.sentinel.Sentinel, AsyncRetry)
     assert config.sentinel_master is not None  # Config refuses sentinels without it
     client = manager.master_for(
         config.sentinel_master, redis_class=redis.asyncio.Redis, retry=retry, **master
@@ -313,17 +269,85 @@ def named_client(config: Config, name: str) -> redis.Redis:
     time a read out: for a connection that waits for nothing, held open so that the
     server sees the process alive (``liveness``). Through Sentinel it follows the
     master like the other clients."""
-    retry = _Retry(_backoff(), _RETRIES)
+    retry = Retry(backoff(), RETRIES)
     options = {**_options(config, False), "client_name": name, "health_check_interval": 0}
+    if config.cluster:
+        host, port = home_address(config)
+        return redis.Redis(
+            **redis.connection.parse_url(config.redis_url) | {"host": host, "port": port},
+            retry=retry, **options | _NO_READ_TIMEOUT,
+        )  # fmt: skip
     if not config.sentinels:
         return redis.Redis.from_url(config.redis_url, retry=retry, **options | _NO_READ_TIMEOUT)
     # The sentinels keep the configured timeouts: only the master connection waits.
-    manager, master = _sentinel(config, options, redis.sentinel.Sentinel, _Retry)
+    manager, master = _sentinel(config, options, redis.sentinel.Sentinel, Retry)
     assert config.sentinel_master is not None  # Config refuses sentinels without it
     named: redis.Redis = manager.master_for(
         config.sentinel_master, retry=retry, **master | _NO_READ_TIMEOUT
     )
     return named
+
+
+def timed_pipeline(client: Any) -> Any:
+    """A non-transactional pipeline whose first reply is the server's TIME, when the
+    client can pipeline it: a Redis Cluster client's pipeline refuses a command that
+    names no key. Run it with :func:`execute_timed`."""
+    pipe = client.pipeline(transaction=False)
+    if not isinstance(client, redis.cluster.RedisCluster):
+        pipe.time()
+    return pipe
+
+
+def execute_timed(client: Any, pipe: Any) -> tuple[int, list[Any]]:
+    """Run a :func:`timed_pipeline`: the server's time (ms) and the other replies. On a
+    cluster the time is read just after, in a round trip of its own."""
+    replies = list(pipe.execute())
+    seconds, micros = (
+        client.time() if isinstance(client, redis.cluster.RedisCluster) else (replies.pop(0))
+    )
+    return int(seconds) * 1000 + int(micros) // 1000, replies
+
+
+def home_address(config: Config) -> tuple[str, int]:
+    """On a Redis Cluster, the address of the master that serves the ``{g}`` slot (the
+    scanner lease, the holders' set) now: liveness connections are held there and the
+    scanners list them there. Asked again after a failover moves it."""
+    return cluster.master_of(sync_client(config), KeySpace.of(config).holders)
+
+
+def refresh_home(config: Config) -> None:
+    """On a Redis Cluster, re-read the slot map, so that :func:`home_address` names the
+    home master's successor after a failover (a process that made no keyed call since
+    would still name the dead one)."""
+    if config.cluster:
+        cluster.refresh(sync_client(config))
+
+
+# A home master that is gone is not waited for long: its scanner's death check is
+# retried at its next turn (0.25 s), on the successor once the slot map is re-read.
+_HOME_RETRIES = 2
+
+
+def home_client(config: Config) -> redis.Redis:
+    """A client of the server that holds the liveness connections: the store's own
+    client, or on a Redis Cluster a client of its home master (:func:`home_address`),
+    for commands about connections rather than keys (``CLIENT LIST``, ``INFO``)."""
+    if not config.cluster:
+        return sync_client(config)
+    host, port = home_address(config)
+    key = (os.getpid(), (*target(config), host, port), False)
+    client = _sync.get(key)
+    if client is None:
+        with _lock:
+            client = _sync.get(key)
+            if client is None:
+                options = redis.connection.parse_url(config.redis_url) | {
+                    "host": host, "port": port
+                }  # fmt: skip
+                client = _sync[key] = redis.Redis(
+                    **options, retry=Retry(backoff(), _HOME_RETRIES), **_options(config, False)
+                )
+    return client
 
 
 def sync_client(config: Config, *, fail_fast: bool = False) -> redis.Redis:
@@ -418,7 +442,7 @@ async def connection_options(config: Config) -> dict[str, Any]:
     if not config.sentinels:
         return options
     manager, _ = _sentinel(
-        config, _options(config, False), redis.asyncio.sentinel.Sentinel, _AsyncRetry
+        config, _options(config, False), redis.asyncio.sentinel.Sentinel, AsyncRetry
     )
     try:
         assert config.sentinel_master is not None

@@ -27,11 +27,12 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 
 import redis
 
 from ..model.config import Config
-from .connection import Target, named_client, target
+from .connection import Target, named_client, refresh_home, target
 from .keys import KeySpace
 
 logger = logging.getLogger("relier_django.liveness")
@@ -56,28 +57,51 @@ class _Holder:
 
     def __init__(self, config: Config, worker: str) -> None:
         self.worker = worker
-        self.client = named_client(config, connection_name(config.key_prefix, worker))
-        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        keys = KeySpace.of(config)
-        # Connects, names and subscribes now: the caller holds a task only after this.
-        self.pubsub.subscribe(keys.liveness_channel)
-        # Then registers: a registered process always had its connection, so a scanner
-        # that never listed it (it died within a check of starting) still finds it dead.
-        self.client.sadd(keys.holders, worker)
+        self.config = config
+        self._open()
         self.thread = threading.Thread(target=self._hold, name="relier-liveness", daemon=True)
         self.thread.start()
 
+    def _open(self) -> None:
+        config, keys = self.config, KeySpace.of(self.config)
+        self.client = named_client(config, connection_name(config.key_prefix, self.worker))
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        # Connects, names and subscribes now: the caller holds a task only after this.
+        pubsub.subscribe(keys.liveness_channel)
+        self.pubsub: Any = pubsub  # None while a reopen has failed
+        # Then registers: a registered process always had its connection, so a scanner
+        # that never listed it (it died within a check of starting) still finds it dead.
+        self.client.sadd(keys.holders, self.worker)
+
     def _hold(self) -> None:
         while True:
+            if self.pubsub is None:  # a reopen failed: the server is still away
+                time.sleep(_RETRY_PAUSE_S)
+                self._reopen()
+                continue
             try:
                 # Waits on the socket; a connection the server closed is reconnected
                 # (name and subscription sent again) by redis-py's retry policy.
                 self.pubsub.get_message(timeout=None)
             except (redis.ConnectionError, redis.TimeoutError):
                 time.sleep(_RETRY_PAUSE_S)  # the server is away: try again shortly
+                if self.config.cluster:
+                    self._reopen()
             except Exception:
                 logger.warning("liveness connection worker=%s", self.worker, exc_info=True)
                 time.sleep(_RETRY_PAUSE_S)
+
+    def _reopen(self) -> None:
+        # On a Redis Cluster the home master may have failed over: its successor is at
+        # another address, which only a re-read slot map gives, and a new client uses.
+        if self.pubsub is not None:
+            self.pubsub.close()
+            self.pubsub = None
+        try:
+            refresh_home(self.config)
+            self._open()
+        except (redis.RedisError, OSError):
+            self.pubsub = None  # _hold tries again after a pause
 
 
 _held: dict[tuple[Target, str], _Holder] = {}

@@ -11,14 +11,17 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import redis
 import redis.asyncio
 
 from .connection import fast_lane
+from .keys import KeySpace
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+I = TypeVar("I")  # noqa: E741 -- an item of a batch
 Arg = str | int | float | bytes
 
 # How long a call's receipt (keys.receipt) is kept for its replay: far longer than any
@@ -80,6 +83,49 @@ class ScriptCall(Generic[T]):
 
 
 _INCLUDE = "-- @include "
+
+
+class Call(Protocol[T_co]):
+    """A script call, or a batch of them: run on a sync or an asyncio client."""
+
+    def run(self, client: redis.Redis) -> T_co: ...
+
+    async def arun(self, client: redis.asyncio.Redis) -> T_co: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Batch(Generic[T]):
+    """A batch script's calls, one per partition its items live in, and how their
+    replies combine. Each call is safe to replay, so the batch is too: a retry after a
+    failure part way re-runs the calls that had run, which answer the same."""
+
+    calls: Sequence[ScriptCall[T]]
+    merge: Callable[[list[T]], T]
+
+    def run(self, client: redis.Redis) -> T:
+        return self.merge([call.run(client) for call in self.calls])
+
+    async def arun(self, client: redis.asyncio.Redis) -> T:
+        return self.merge([await call.arun(client) for call in self.calls])
+
+
+def per_partition(
+    keys: KeySpace,
+    items: Sequence[I],
+    id_of: Callable[[I], str],
+    build: Callable[[KeySpace, list[I]], ScriptCall[T]],
+    merge: Callable[[list[T]], T],
+) -> Call[T]:
+    """``build``'s call for ``items``: one call on an unpartitioned store, else one per
+    partition (a Redis Cluster runs a script on one slot), merged."""
+    if not keys.tagged:
+        return build(keys, list(items))
+    groups: dict[KeySpace, list[I]] = {}
+    for item in items:
+        groups.setdefault(keys.of_task(id_of(item)), []).append(item)
+    if not groups:
+        return build(keys.at(0), [])
+    return Batch([build(part, chunk) for part, chunk in groups.items()], merge)
 
 
 def _read(name: str) -> str:

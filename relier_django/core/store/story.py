@@ -3,9 +3,10 @@
 What ``django.tasks``' ``TaskResult`` is built from (``relier_django/tasks.py``): the
 outcome record (result key), the task hash and its history while it is unfinished, the
 trail a committed task keeps when its spec asks (``keep_trail``: the task hash renamed,
-with its history), and the DLQ entry of a dead-lettered one. Every key shares the
-``{task_id}`` hash tag, so one MULTI reads them all: a task that commits meanwhile is
-seen before or after, never half-gone.
+with its history), and the DLQ entry of a dead-lettered one. Every key shares one hash
+slot (the ``{task_id}`` tag; in a partitioned store the tag of the task's partition,
+which holds its DLQ entry too, of the same id), so one MULTI reads them all, on a Redis
+Cluster as well: a task that commits meanwhile is seen before or after, never half-gone.
 """
 
 from __future__ import annotations

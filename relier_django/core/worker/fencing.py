@@ -53,36 +53,53 @@ def heartbeat(
     ttl_ms: int,
     state: str = "running",
     worker: str = "",
-) -> scripts.ScriptCall[list[str]]:
-    """Refresh all ``(task_id, fence)`` pairs at once; returns the ids that were lost.
+) -> scripts.Call[list[str]]:
+    """Refresh all ``(task_id, fence)`` pairs at once (one call per partition); returns
+    the ids that were lost.
 
     ``state`` is what the holder expects: ``running`` (a pool process's tasks) or
     ``queued`` (a worker's reserved, not yet started messages, which the script marks
     as held by ``worker``)."""
-    ids = [task_id for task_id, _ in held]
-    args: list[scripts.Arg] = [ttl_ms, state]
-    for task_id, fence in held:
-        args += [task_id, fence]
-    args.append(worker)
 
-    def parse(reply: list[Any]) -> list[str]:
-        return [ids[int(i) - 1] for i in reply]
+    def build(part: KeySpace, chunk: list[tuple[str, int]]) -> scripts.ScriptCall[list[str]]:
+        ids = [task_id for task_id, _ in chunk]
+        args: list[scripts.Arg] = [ttl_ms, state]
+        for task_id, fence in chunk:
+            args += [task_id, fence]
+        args.append(worker)
 
-    return scripts.ScriptCall(scripts.HEARTBEAT, keys.for_heartbeat(ids), args, parse)
+        def parse(reply: list[Any]) -> list[str]:
+            return [ids[int(i) - 1] for i in reply]
+
+        return scripts.ScriptCall(scripts.HEARTBEAT, part.for_heartbeat(ids), args, parse)
+
+    return scripts.per_partition(keys, held, _first, build, _concat)
 
 
 def handoff(
     keys: KeySpace, held: Sequence[tuple[str, int]], state: str, cause: str
-) -> scripts.ScriptCall[int]:
+) -> scripts.Call[int]:
     """Give ``(task_id, fence)`` pairs up for immediate resurrection. ``cause`` is
     ``drain`` (a stopping worker) or ``pool_death`` (the pool process died), counted
     as the resurrection's cause."""
-    ids = [task_id for task_id, _ in held]
-    args: list[scripts.Arg] = [state]
-    for task_id, fence in held:
-        args += [task_id, fence]
-    args.append(cause)
-    return scripts.ScriptCall(scripts.HANDOFF, keys.for_handoff(ids), args, int)
+
+    def build(part: KeySpace, chunk: list[tuple[str, int]]) -> scripts.ScriptCall[int]:
+        args: list[scripts.Arg] = [state]
+        for task_id, fence in chunk:
+            args += [task_id, fence]
+        args.append(cause)
+        ids = [task_id for task_id, _ in chunk]
+        return scripts.ScriptCall(scripts.HANDOFF, part.for_handoff(ids), args, int)
+
+    return scripts.per_partition(keys, held, _first, build, sum)
+
+
+def _first(pair: tuple[str, int]) -> str:
+    return pair[0]
+
+
+def _concat(lists: list[list[str]]) -> list[str]:
+    return [item for part in lists for item in part]
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ from ..model import config, links
 from ..model.envelope import decode
 from ..model.errors import EnvelopeError
 from ..recovery.scanner import Scanner
-from ..store import bridge, liveness
+from ..store import bridge, layout, liveness
 from ..store.connection import describe, sync_client
 from ..store.keys import KeySpace
 from . import fencing, front, timeouts
@@ -71,8 +71,15 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     deadline = time.monotonic() + _STARTUP_WAIT_S
     while True:
         try:
-            sync_client(cfg, fail_fast=True).ping()
-            return
+            client = sync_client(cfg, fail_fast=True)
+            client.ping()
+            recorded = layout.mismatch(client, KeySpace.of(cfg))
+        except redis.exceptions.RedisClusterException as exc:
+            # Not a RedisError: CLUSTER against a server that is not a cluster node.
+            raise SystemExit(
+                f"relier_django: {describe(cfg)}: {exc}; this worker refuses to start. "
+                "Set CLUSTER only for a Redis Cluster (docs/scaling.md)."
+            ) from exc
         except redis.exceptions.RedisError as exc:
             if time.monotonic() >= deadline:
                 # SystemExit, not an Exception: Celery's signal dispatch logs and swallows
@@ -85,6 +92,16 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
                     "(RELIER_REDIS_URL)."
                 ) from exc
             time.sleep(0.5)
+            continue
+        if recorded is None:
+            return
+        raise SystemExit(
+            f"relier_django: the store at {describe(cfg)} was laid out for "
+            f"{layout.describe(recorded)}, and this worker is configured for "
+            f"{layout.describe(KeySpace.of(cfg).layout_value())}; it refuses to start, "
+            "since it would look for every task in the wrong place. Set PARTITIONS and "
+            "CLUSTER as the store's other processes have them (docs/scaling.md)."
+        )
 
 
 def _startup_config() -> config.Config:

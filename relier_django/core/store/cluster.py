@@ -1,0 +1,136 @@
+"""Clients of a Redis Cluster store (``config.cluster``): redis-py's, made to wait out a
+failover the way relier's other clients do.
+
+redis-py's cluster client retries a failed call at once, after re-reading the slot map:
+its retry policy gives only the number of tries, never a pause (``redis/cluster.py``,
+``execute_command``), so all of them are spent within tens of milliseconds, while a
+cluster takes seconds to promote a replica. Here each call is made in rounds spaced by
+relier's backoff (``retrying``): within a round redis-py tries twice, on the slot map it
+re-read; a failover that completes within the backoff's budget is invisible to callers,
+as a Sentinel failover is.
+
+A client is built from ``redis_url`` (any node) and from every node this process (or its
+parent, before a fork) has seen: a pool process forked after the seed node died still
+finds the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import redis
+import redis.asyncio.cluster
+import redis.backoff
+import redis.cluster
+import redis.retry
+
+from ..model.config import Config
+from .retrying import RETRIES, AsyncRetry, Retry, backoff
+
+# What a round may fail with and still be worth another: a node away, a slot without a
+# master while a replica is promoted.
+_TRANSIENT = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.TryAgainError,
+)
+# Within a round: one immediate retry on the re-read slot map (a MOVED slot, a node
+# replaced), which is what redis-py's own retries are good for.
+_IN_ROUND = redis.retry.Retry(redis.backoff.NoBackoff(), 1)
+
+# (host, port) of every node a client of this process has seen. Kept across a fork on
+# purpose: a pool process starts from what its parent knew.
+_seen: set[tuple[str, int]] = set()
+
+
+# redis-py's annotation asks for RedisError subclasses; it catches whatever it is given,
+# and SlotNotCoveredError is a RedisClusterException.
+_TRANSIENT_TYPED = cast("tuple[type[redis.exceptions.RedisError], ...]", _TRANSIENT)
+
+
+def _rounds(fail_fast: bool) -> Retry:
+    return Retry(backoff(), 0 if fail_fast else RETRIES, supported_errors=_TRANSIENT_TYPED)
+
+
+class SyncCluster(redis.cluster.RedisCluster):
+    """redis-py's cluster client, with relier's backoff between rounds of tries."""
+
+    # One round until the builder sets relier's (the constructor itself sends COMMAND).
+    rounds: Retry = Retry(redis.backoff.NoBackoff(), 0)
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        once: Callable[..., Any] = redis.cluster.RedisCluster.execute_command
+        return self.rounds.call_with_retry(lambda: once(self, *args, **kwargs), _nothing)
+
+
+class AsyncCluster(redis.asyncio.cluster.RedisCluster):
+    """:class:`SyncCluster` for asyncio."""
+
+    rounds: AsyncRetry = AsyncRetry(redis.backoff.NoBackoff(), 0)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        once = redis.asyncio.cluster.RedisCluster.execute_command
+        return await self.rounds.call_with_retry(lambda: once(self, *args, **kwargs), _anothing)
+
+
+def _nothing(error: Exception) -> None:
+    """A failed round needs no clean-up: redis-py re-read the slot map already."""
+
+
+async def _anothing(error: Exception) -> None:
+    """:func:`_nothing` for asyncio."""
+
+
+def _built(make: Callable[..., Any], config: Config, **options: Any) -> Any:
+    """A cluster client from the URL and the nodes seen so far. A seed that cannot be
+    reached at all is a ConnectionError (a RedisError, as any other client's); a seed
+    that is no cluster node is redis-py's RedisClusterException, which says so."""
+    startup = [redis.cluster.ClusterNode(host, port) for host, port in sorted(_seen)]
+    last: Exception | None = None
+    for _ in range(2):  # the URL's node and the known ones, then once more
+        try:
+            return make(config.redis_url, startup_nodes=startup or None, **options)
+        except redis.exceptions.RedisClusterException as exc:
+            if "not enabled" in str(exc):
+                raise  # CLUSTER set for a server that is not a cluster node
+            last = exc
+    raise redis.exceptions.ConnectionError(f"no node of the Redis Cluster answered: {last}")
+
+
+def sync_cluster(config: Config, fail_fast: bool, options: dict[str, Any]) -> redis.Redis:
+    """A sync cluster client. Typed as the plain client: every call the core makes on a
+    store client exists on both with the same meaning, and ``keys`` keeps each call in
+    one slot."""
+    client: Any = _built(SyncCluster.from_url, config, retry=_IN_ROUND, **options)
+    client.rounds = _rounds(fail_fast)
+    remember(client)
+    return client  # type: ignore[no-any-return]
+
+
+def async_cluster(config: Config, fail_fast: bool, options: dict[str, Any]) -> redis.asyncio.Redis:
+    """An asyncio cluster client, typed as :func:`sync_cluster`'s is."""
+    client: Any = _built(AsyncCluster.from_url, config, retry=_IN_ROUND, **options)
+    retries = 0 if fail_fast else RETRIES
+    client.rounds = AsyncRetry(backoff(), retries, supported_errors=_TRANSIENT_TYPED)
+    return client  # type: ignore[no-any-return]
+
+
+def remember(client: Any) -> None:
+    """Note the nodes ``client`` knows, for the clients built after it."""
+    _seen.update((str(node.host), int(node.port)) for node in client.get_nodes())
+
+
+def refresh(client: Any) -> None:
+    """Re-read the slot map now (``CLUSTER SLOTS``): after a failover, a process that
+    made no keyed call since still holds the old map, in which a dead master serves."""
+    client.nodes_manager.initialize()
+    remember(client)
+
+
+def master_of(client: Any, key: str) -> tuple[str, int]:
+    """The address of the master that serves ``key``'s slot, by the client's slot map."""
+    node = client.get_node_from_key(key)
+    return str(node.host), int(node.port)

@@ -1,0 +1,78 @@
+"""How relier's Redis clients retry: the one policy every client shares.
+
+A restart, a failover or a brief network cut must not fail a task's start or commit:
+connection errors are retried with backoff for at least 3.75 s and at most 7.5 s (half
+of each delay is fixed, half random: 0.05 s doubling up to 1 s, 10 times; redis-py's
+default gives up within about one second). The fixed half gives a floor: a fully random
+delay can add up to under 3 s a few percent of the time, shorter than a Sentinel
+failover with down-after-milliseconds 1000 (2.3-2.9 s, measured by
+tests/chaos/test_sentinel.py) or a Redis Cluster failover with cluster-node-timeout
+1000 (2.2-2.8 s, tests/cluster/test_cluster_failover.py). A longer outage is covered by
+the expiry index. Every script these clients run is safe to re-run after an unseen
+success: fence checks and push.lua's same-envelope check make a replay a no-op or a
+refusal. (ratelimit.lua is not, which is why the limiter uses a fail-fast client.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import redis
+import redis.asyncio.retry
+import redis.backoff
+import redis.retry
+
+RETRIES = 10
+
+
+def backoff() -> redis.backoff.AbstractBackoff:
+    return redis.backoff.EqualJitterBackoff(cap=1.0, base=0.05)
+
+
+# redis-py's AuthenticationError (a wrong password, a disabled user, NOAUTH) is a
+# ConnectionError, so its retry policy retries it: seconds of backoff per call (and
+# nested retries around a subscription add up: a resurrector given a wrong password
+# took 34 s to start and to honour SIGTERM) for an answer that cannot change.
+_PERMANENT = (redis.exceptions.AuthenticationError,)
+
+
+class _Permanent(Exception):
+    """Carries a permanent error out of redis-py's retry loop, which retries only the
+    errors it supports; not one of them."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class Retry(redis.retry.Retry):
+    """redis-py's retry policy, except that a permanent error is raised at once."""
+
+    def call_with_retry(self, do: Callable[[], Any], fail: Any, *args: Any, **kwargs: Any) -> Any:
+        def attempt() -> Any:
+            try:
+                return do()
+            except _PERMANENT as exc:
+                raise _Permanent(exc) from exc
+
+        try:
+            return super().call_with_retry(attempt, fail, *args, **kwargs)
+        except _Permanent as wrapped:
+            raise wrapped.error from None
+
+
+class AsyncRetry(redis.asyncio.retry.Retry):
+    """:class:`Retry` for the asyncio clients."""
+
+    async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        async def attempt() -> Any:
+            try:
+                return await do()
+            except _PERMANENT as exc:
+                raise _Permanent(exc) from exc
+
+        try:
+            return await super().call_with_retry(attempt, fail, *args, **kwargs)
+        except _Permanent as wrapped:
+            raise wrapped.error from None

@@ -1,0 +1,185 @@
+"""relier_django with its store on a private Redis Cluster (3 masters, a replica each):
+the core (push, run, commit, idempotency, retries, countdown), delivery (a killed
+pool process and a killed worker lose nothing), the DLQ and the metrics, with the
+broker on a plain Redis of its own (kombu's transport does not support a cluster).
+
+Every script call here runs on a real cluster, which refuses any call whose keys lie
+in more than one slot (CROSSSLOT): a key outside its partition fails these tests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from relier_django import AdmissionRejected, TaskFailed
+from relier_django.core.dlq.store import DeadLetterStore
+from relier_django.core.model.config import current
+from relier_django.core.model.idem_key import derive_key
+from relier_django.core.observe import figures
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import partition_tags
+from relier_django.dlq import release_entry
+from testproject.cluster import ClusterGroup
+from testproject.demo import tasks
+from testproject.harness import CeleryWorker, RedisServer, process_pointed_at, wait_until
+from tests.cluster.stores import PARTITIONS, keys, relier_vars, store_env
+from tests.conftest import WorkerFactory
+from tests.leaks import assert_no_leaked_keys
+
+
+@pytest.fixture
+def on_cluster(
+    redis_cluster: ClusterGroup,
+    cluster_client: RedisCluster,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+) -> Iterator[dict[str, str]]:
+    """This process (and the workers given the returned environment) with the store on
+    the session's cluster and the broker on the session's plain Redis, both flushed."""
+    env = store_env(redis_cluster.url, redis_server)
+    with process_pointed_at(env):
+        yield env
+
+
+@pytest.fixture
+def cluster_worker(on_cluster: dict[str, str], worker_factory: WorkerFactory) -> CeleryWorker:
+    return worker_factory(extra_env=relier_vars(on_cluster))
+
+
+def test_partitions_spread_evenly_over_the_masters(redis_cluster: ClusterGroup) -> None:
+    # Two partitions on each master: their tags' slots fall in each master's range.
+    owners = Counter(
+        redis_cluster.master_of_slot(key_slot(tag.encode())).port
+        for tag in partition_tags(PARTITIONS)
+    )
+    assert sorted(owners.values()) == [2, 2, 2]
+
+
+def runs(label: str) -> list[str]:
+    """The runs of a demo task that records itself (fence:worker per run)."""
+    return [str(r) for r in sync_client(current()).lrange(f"demo:exec:{label}", 0, -1)]
+
+
+def test_push_runs_and_commits_on_the_cluster(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker, cluster_client: RedisCluster
+) -> None:
+    receipts = [tasks.sync_record.push(f"r{i}") for i in range(24)]
+    for receipt in receipts:
+        receipt.get(timeout=30)
+    assert all(len(runs(f"r{i}")) == 1 for i in range(24))
+    # The tasks fell in every partition, so every master ran their scripts.
+    space = keys()
+    assert {space.partition_of(r.task_id) for r in receipts} == set(range(PARTITIONS))
+    for part in space.parts():
+        assert cluster_client.zcard(part.expiry) == 0
+    assert_no_leaked_keys(cluster_client, space)
+
+
+def test_an_idempotent_push_is_stored_once(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker
+) -> None:
+    first = tasks.charge.push("order-1", 5)
+    again = tasks.charge.push("order-1", 5)
+    assert again.deduplicated and again.task_id == first.task_id
+    assert first.get(timeout=30) == again.get(timeout=30)
+    assert len(runs("charge:order-1")) == 1
+
+
+def test_an_explicit_id_outside_its_claims_partition_is_refused(
+    on_cluster: dict[str, str],
+) -> None:
+    space = keys()
+    claim = space.idempotency("demo.charge", derive_key(None, ["order-2", 5], {}))
+    wrong = next(
+        f"id-{n}" for n in range(100)
+        if space.partition_of(f"id-{n}") != space.partition_of_key(claim)
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="different partitions"):
+        tasks.charge.apply_async(["order-2", 5], task_id=wrong)
+
+
+def test_retries_then_the_dlq_then_a_release(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker, cluster_client: RedisCluster
+) -> None:
+    assert tasks.flaky.push("f1", 2).get(timeout=30)["fence"] == 3
+    failing = [tasks.flaky.push(f"f-dead-{i}", 99) for i in range(6)]
+    for receipt in failing:
+        with pytest.raises(TaskFailed) as err:
+            receipt.get(timeout=30)
+        assert err.value.reason == "retries_exhausted"
+    store = DeadLetterStore(sync_client(current()), keys())
+    # Entries in several partitions, all listed, counted and paged as one queue.
+    assert len({keys().partition_of(r.task_id) for r in failing}) > 1
+    assert store.size() == 6
+    assert store.counts().by_reason == {"retries_exhausted": 6}
+    first = store.page(limit=4)
+    rest = store.page(cursor=first.next_cursor, limit=4)
+    listed = [e.id for e in (*first.entries, *rest.entries)]
+    assert sorted(listed) == sorted(r.task_id for r in failing)
+    # A release re-creates the task in its partition; it fails again (99 failures).
+    released = release_entry(failing[0].task_id)
+    with pytest.raises(TaskFailed):
+        released.get(timeout=30)
+    store.delete([r.task_id for r in failing])
+    assert store.size() == 0
+
+
+def test_a_killed_pool_process_and_worker_lose_nothing(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker, worker_factory: WorkerFactory
+) -> None:
+    receipts = [tasks.work.push(f"k{i}", 0.4) for i in range(12)]
+    wait_until(lambda: bool(cluster_worker.children()), 10, what="pool processes")
+    time.sleep(0.6)
+    cluster_worker.kill_child()
+    time.sleep(0.5)
+    cluster_worker.kill()  # the whole worker: its reserved messages too
+    worker_factory(name="w2", extra_env=relier_vars(on_cluster))
+    for receipt in receipts:
+        receipt.get(timeout=60)
+    # Every task committed (get() returned); the killed runs came back with a new fence.
+    store = sync_client(current())
+    fences = [int(f) for i in range(12) for f in store.lrange(f"demo:exec:k{i}", 0, -1)]
+    assert len(fences) >= 12 and max(fences) >= 2
+
+
+def test_metrics_add_up_over_every_partition(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker
+) -> None:
+    for receipt in [tasks.sync_record.push(f"m{i}") for i in range(12)]:
+        receipt.get(timeout=30)
+    with pytest.raises(TaskFailed):
+        tasks.explode.push("m-dead").get(timeout=30)
+    f = figures.read(sync_client(current()), current())
+    assert f.counters["pushed"] == 13
+    assert f.counters["committed"] == 12
+    assert f.dlq_entries == 1
+
+
+def test_a_countdown_is_dispatched_when_due(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker
+) -> None:
+    started = time.monotonic()
+    receipts = [tasks.sync_record.push_with(countdown=1.0).push(f"c{i}") for i in range(6)]
+    for receipt in receipts:
+        receipt.get(timeout=30)
+    assert time.monotonic() - started >= 1.0
+
+
+def test_admission_control_holds_on_the_cluster(on_cluster: dict[str, str]) -> None:
+    # demo.limited: 3 a minute. Its counters share a slot of their own ({adm}), checked
+    # by admit.lua before the store; a refused push stores nothing.
+    admitted = [tasks.limited.push(f"a{i}") for i in range(3)]
+    with pytest.raises(AdmissionRejected) as refused:
+        tasks.limited.push("a3")
+    assert refused.value.retry_after_s > 0
+    client = sync_client(current())
+    assert all(client.exists(keys().task(r.task_id)) for r in admitted)
+    stored = sum(client.zcard(part.expiry) for part in keys().parts())
+    assert stored == 3
