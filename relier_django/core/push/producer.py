@@ -33,8 +33,8 @@ from ..model.errors import AdmissionRejected, DuplicateTaskId, PushFailed
 from ..model.idem_key import derive_key
 from ..model.spec import TaskSpec
 from ..model.timing import NOW, Timing
-from ..store import bridge, workflows
-from ..store.connection import async_client, sync_client
+from ..store import bridge, layout, workflows
+from ..store.connection import async_client, sync_client, target
 from ..store.keys import KeySpace
 from ..store.receipt import Receipt
 from ..store.scripts import ScriptCall
@@ -263,6 +263,7 @@ class _Push:
             if self.when.delayed
             else publish.message_for_store(app, self.env, self.encoded, client)
         )
+        layout.verify(client, self.keys, target(self.cfg))
         if (check := self.admission_apart()) is not None:
             self.refused(check.run(client))
         if self.record is not None:
@@ -283,6 +284,7 @@ class _Push:
         message = None
         if not self.when.delayed:
             message = await publish.amessage_for_store(app, self.env, self.encoded, client)
+        await layout.averify(client, self.keys, target(self.cfg))
         if (check := self.admission_apart()) is not None:
             self.refused(await check.arun(client))
         if self.record is not None:

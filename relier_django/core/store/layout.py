@@ -4,13 +4,15 @@ A process configured for another layout would look for every task in the wrong p
 (another partition, or untagged keys): pushes it made would never be seen by the
 workers, and the reverse. So the first process to reach a store records its layout
 (``SET NX``, no TTL), and every process compares: a worker refuses to start on a
-mismatch, and ``manage.py check`` reports it (``relier.E015``).
+mismatch, a producer refuses its first push (once per process), and ``manage.py
+check`` reports it (``relier.E015``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..model.errors import ConfigError
 from .keys import KeySpace
 
 
@@ -31,3 +33,40 @@ def describe(value: str) -> str:
     return f"PARTITIONS={partitions}" + (
         " with tagged keys (CLUSTER or PARTITIONS > 1)" if kind == "tagged" else " with plain keys"
     )
+
+
+# (where, layout) pairs this process found matching: one round trip per process, not
+# per push.
+_matched: set[tuple[Any, ...]] = set()
+
+
+def _refusal(keys: KeySpace, recorded: str) -> ConfigError:
+    return ConfigError(
+        f"the store was laid out for {describe(recorded)}, and this process is configured "
+        f"for {describe(keys.layout_value())}: a push would store its task where no "
+        "worker looks. Set PARTITIONS and CLUSTER as the store's other processes have "
+        "them (docs/scaling.md)."
+    )
+
+
+def verify(client: Any, keys: KeySpace, where: tuple[Any, ...]) -> None:
+    """Raise ConfigError if the store at ``where`` has another layout than ``keys``
+    (checked once per process; the first process to reach a store records it)."""
+    if (where, keys.layout_value()) in _matched:
+        return
+    recorded = mismatch(client, keys)
+    if recorded is not None:
+        raise _refusal(keys, recorded)
+    _matched.add((where, keys.layout_value()))
+
+
+async def averify(client: Any, keys: KeySpace, where: tuple[Any, ...]) -> None:
+    """:func:`verify` for async code."""
+    if (where, keys.layout_value()) in _matched:
+        return
+    mine = keys.layout_value()
+    if not await client.set(keys.layout, mine, nx=True):
+        recorded = await client.get(keys.layout)
+        if recorded not in (None, mine):
+            raise _refusal(keys, str(recorded))
+    _matched.add((where, mine))
