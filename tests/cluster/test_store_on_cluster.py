@@ -9,6 +9,7 @@ in more than one slot (CROSSSLOT): a key outside its partition fails these tests
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -22,8 +23,10 @@ from relier_django import AdmissionRejected, TaskFailed
 from relier_django.core.dlq.store import DeadLetterStore
 from relier_django.core.model.config import current
 from relier_django.core.model.idem_key import derive_key
+from relier_django.core.model.rates import Rate
 from relier_django.core.observe import figures
-from relier_django.core.store.connection import sync_client
+from relier_django.core.push import admission
+from relier_django.core.store.connection import close_loop_clients, sync_client
 from relier_django.core.store.keys import partition_tags
 from relier_django.dlq import release_entry
 from testproject.cluster import ClusterGroup
@@ -183,3 +186,16 @@ def test_admission_control_holds_on_the_cluster(on_cluster: dict[str, str]) -> N
     assert all(client.exists(keys().task(r.task_id)) for r in admitted)
     stored = sum(client.zcard(part.expiry) for part in keys().parts())
     assert stored == 3
+
+
+def test_the_standalone_admission_check_counts_on_the_cluster(on_cluster: dict[str, str]) -> None:
+    cfg = current()
+    limits = admission.limits(keys(), cfg, "demo.any", Rate.parse("2/m"))
+
+    async def three() -> list[bool]:
+        try:
+            return [(await admission.acheck(limits, cfg)).admitted for _ in range(3)]
+        finally:
+            await close_loop_clients()
+
+    assert asyncio.run(three()) == [True, True, False]

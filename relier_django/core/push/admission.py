@@ -20,6 +20,7 @@ from ..model import rates
 from ..model.config import Config
 from ..model.rates import Rate
 from ..store import pipelined, scripts
+from ..store.connection import async_client
 from ..store.keys import KeySpace
 
 
@@ -83,6 +84,10 @@ async def acheck(found: Sequence[Limit], config: Config) -> Admission:
     unknown (the unit may have been counted, which only ever errs towards refusing).
     """
     call = _check_cached(tuple(found))
+    if config.cluster:
+        # The pipelined connection goes to one server; a cluster's {adm} slot may be
+        # served by another. Its fail-fast client makes one attempt too.
+        return await call.arun(async_client(config, fail_fast=True))
     conn = await pipelined.for_loop(config)
     return call.parse(await conn.run_script(call.script, call.keys, call.args))
 
