@@ -124,16 +124,13 @@ class Resurrector:
         now_ms = int(seconds) * 1000 + int(micros) // 1000
         parts = self.keys.parts()
         self._turn = (self._turn + 1) % len(parts)
-        found: list[str] = []
+        batch = self.config.resurrect_batch
+        pipe = self.client.pipeline(transaction=False)
         for part in parts[self._turn :] + parts[: self._turn]:
-            room = self.config.resurrect_batch - len(found)
-            if room <= 0:
-                break
-            found += cast(
-                "list[str]",  # a client that decodes replies (connection.py)
-                self.client.zrangebyscore(part.expiry, "-inf", now_ms, start=0, num=room),
-            )
-        return found
+            pipe.zrangebyscore(part.expiry, "-inf", now_ms, start=0, num=batch)
+        # A client that decodes replies (connection.py): ids are str.
+        each = cast("list[list[str]]", pipe.execute())
+        return [task_id for ids in each for task_id in ids][:batch]
 
     def newly_due(self, since_ms: int | None) -> tuple[bool, int]:
         """Whether a deadline passed in ``[since_ms, now]`` (Redis clock), and now.

@@ -33,7 +33,7 @@ from ..model.envelope import Envelope, decode
 from ..model.errors import EnvelopeError
 from ..model.failure import Failure, Reason
 from ..store import scripts
-from ..store.connection import sync_client
+from ..store.connection import execute_timed, sync_client, timed_pipeline
 from ..store.keys import KeySpace
 
 logger = logging.getLogger("relier_django.schedule")
@@ -86,9 +86,22 @@ class Dispatcher:
         return [str(task_id) for task_id in due]
 
     def run_due(self) -> int:
-        """Dispatch every task due now, partition by partition; returns how many were
+        """Dispatch every task due now, partition by partition (only those whose
+        earliest task is due: one round trip finds them); returns how many were
         published."""
-        return sum(self._run_due(part) for part in self.keys.parts())
+        now_ms, heads = self._heads()
+        due = [part for part, head in zip(self.keys.parts(), heads, strict=True)
+               if head is not None and head <= now_ms]  # fmt: skip
+        return sum(self._run_due(part) for part in due)
+
+    def _heads(self) -> tuple[int, list[float | None]]:
+        """The Redis time (ms) and each partition's earliest due time, in one round trip
+        (two on a cluster, whose pipelines refuse TIME)."""
+        pipe = timed_pipeline(self.client)
+        for part in self.keys.parts():
+            pipe.zrange(part.schedule, 0, 0, withscores=True)
+        now_ms, replies = execute_timed(self.client, pipe)
+        return now_ms, [float(head[0][1]) if head else None for head in replies]
 
     def _run_due(self, part: KeySpace) -> int:
         published = 0
@@ -116,13 +129,11 @@ class Dispatcher:
 
     def next_due_in_s(self) -> float | None:
         """Seconds until the earliest scheduled task is due (0 if overdue), or None."""
-        pipe = self.client.pipeline(transaction=False)
-        for part in self.keys.parts():
-            pipe.zrange(part.schedule, 0, 0, withscores=True)
-        heads = [float(head[0][1]) for head in pipe.execute() if head]
-        if not heads:
+        now_ms, heads = self._heads()
+        known = [head for head in heads if head is not None]
+        if not known:
             return None
-        return max(0.0, (min(heads) - self.now_ms()) / 1000)
+        return max(0.0, (min(known) - now_ms) / 1000)
 
     def wait(self, timeout_s: float) -> None:
         """Sleep up to ``timeout_s``, or until a push makes a new earliest due time. On
