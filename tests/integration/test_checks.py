@@ -624,14 +624,23 @@ def test_a_redis_cluster_node_is_an_error_for_the_store_and_for_the_broker(
     try:
         relier(REDIS_URL=node.url)
         error = by_id("relier.E014")
-        assert error.is_serious() and "relier's store" in error.msg and "CROSSSLOT" in error.msg
-        assert "Sentinel" in error.hint and "scaling.md" in error.hint
+        assert error.is_serious() and "relier's settings" in error.msg
+        assert "CROSSSLOT" in error.msg
+        assert "RELIER['CLUSTER'] = True" in error.hint and "scaling.md" in error.hint
         relier(REDIS_URL=start_redis().url)
         current_app.conf.broker_url = node.url  # the fixture restores it
         error = by_id("relier.E014")
         assert "Celery's broker" in error.msg and "kombu" in error.msg
+        assert "Sentinel" in error.hint and "RabbitMQ" in error.hint
     finally:
         node.stop()
+
+
+def test_cluster_set_for_a_server_that_is_no_cluster_node_is_an_error(start_redis, relier):
+    relier(REDIS_URL=start_redis().url, CLUSTER=True, PARTITIONS=6)
+    error = by_id("relier.E016")
+    assert error.is_serious() and "not a usable Redis Cluster node" in error.msg
+    assert "unset CLUSTER" in error.hint
 
 
 def test_a_refused_password_is_named_as_such_not_as_a_server_that_is_down(tmp_path, relier):
