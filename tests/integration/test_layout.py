@@ -1,8 +1,8 @@
 """A store keeps the layout it was created with (PARTITIONS, CLUSTER; store/layout.py):
 a process configured for another would store tasks where no worker looks, or look for
-them where none are. The first process records the layout; a worker configured
-otherwise refuses to start, a producer refuses its first push, and ``manage.py check``
-reports relier.E015."""
+them where none are. The first worker (or check) records the layout; a worker
+configured otherwise refuses to start, a producer refuses to push, and ``manage.py
+check`` reports relier.E015."""
 
 from __future__ import annotations
 
@@ -27,15 +27,16 @@ def laid_out_for_six(redis_client: redis.Redis) -> Iterator[None]:
     layout._matched.clear()
 
 
-def test_the_first_push_records_the_layout_and_a_later_one_costs_nothing(
+def test_a_push_reads_the_record_and_writes_nothing_of_its_own(
     redis_client: redis.Redis,
 ) -> None:
     layout._matched.clear()
-    tasks.record.push_with(on_commit=False).push("first")
-    assert redis_client.get("rl:layout") == b"1:plain"
-    redis_client.delete("rl:layout")
-    tasks.record.push_with(on_commit=False).push("second")  # checked once per process
-    assert redis_client.get("rl:layout") is None
+    tasks.record.push_with(on_commit=False).push("before-any-worker")
+    assert redis_client.get("rl:layout") is None  # the workers' and checks' to write
+    redis_client.set("rl:layout", "1:plain")
+    tasks.record.push_with(on_commit=False).push("recorded")
+    redis_client.set("rl:layout", "6:tagged")  # read once per process once recorded
+    tasks.record.push_with(on_commit=False).push("not-read-again")
 
 
 def test_a_push_into_a_store_of_another_layout_is_refused_and_stores_nothing(

@@ -42,7 +42,7 @@ exactly the unpartitioned one: ``<p>`` is the prefix.
 | ``<p>:m:w``                 | hash   | metrics: per-minute (120) and per-hour (80) ring slots  |
 | ``<p>:workers``             | zset   | worker main process id -> liveness deadline (ms)        |
 | ``<p>:holders``             | set    | ids of processes holding a liveness connection          |
-| ``<p>:layout``              | string | '<partitions>:tagged|plain', by the first process; no TTL |
+| ``<p>:layout``              | string | '<partitions>:tagged|plain', by the first worker; no TTL |
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 A process configured for another layout would look for every task in the wrong place
 (another partition, or untagged keys): pushes it made would never be seen by the
-workers, and the reverse. So the first process to reach a store records its layout
-(``SET NX``, no TTL), and every process compares: a worker refuses to start on a
-mismatch, a producer refuses its first push (once per process), and ``manage.py
-check`` reports it (``relier.E015``).
+workers, and the reverse. So the first worker (or check) to reach a store records its
+layout
+(``SET NX``, no TTL: workers at start, ``manage.py check``), and every process
+compares: a worker refuses to start on a mismatch, a producer refuses to push (it reads
+the record once per process), and ``manage.py check`` reports it (``relier.E015``).
 """
 
 from __future__ import annotations
@@ -50,23 +51,25 @@ def _refusal(keys: KeySpace, recorded: str) -> ConfigError:
 
 
 def verify(client: Any, keys: KeySpace, where: tuple[Any, ...]) -> None:
-    """Raise ConfigError if the store at ``where`` has another layout than ``keys``
-    (checked once per process; the first process to reach a store records it)."""
+    """Raise ConfigError if the store at ``where`` was recorded with another layout
+    than ``keys`` (read once per process once recorded). A producer only reads: the
+    record is the workers' (and ``manage.py check``'s) to write, so a push adds no key
+    of its own, and until a worker has recorded one there is nothing to compare."""
     if (where, keys.layout_value()) in _matched:
         return
-    recorded = mismatch(client, keys)
-    if recorded is not None:
-        raise _refusal(keys, recorded)
-    _matched.add((where, keys.layout_value()))
+    _compare(keys, client.get(keys.layout), where)
 
 
 async def averify(client: Any, keys: KeySpace, where: tuple[Any, ...]) -> None:
     """:func:`verify` for async code."""
     if (where, keys.layout_value()) in _matched:
         return
-    mine = keys.layout_value()
-    if not await client.set(keys.layout, mine, nx=True):
-        recorded = await client.get(keys.layout)
-        if recorded not in (None, mine):
-            raise _refusal(keys, str(recorded))
-    _matched.add((where, mine))
+    _compare(keys, await client.get(keys.layout), where)
+
+
+def _compare(keys: KeySpace, recorded: Any, where: tuple[Any, ...]) -> None:
+    if recorded is None:
+        return  # not recorded yet: asked again at the next push
+    if recorded != keys.layout_value():
+        raise _refusal(keys, str(recorded))
+    _matched.add((where, keys.layout_value()))
