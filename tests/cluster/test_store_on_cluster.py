@@ -16,10 +16,12 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from celery import chain, group
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from relier_django import AdmissionRejected, TaskFailed
+import relier_django
+from relier_django import AdmissionRejected, TaskFailed, dlq
 from relier_django.core.dlq.store import DeadLetterStore
 from relier_django.core.model.config import current
 from relier_django.core.model.idem_key import derive_key
@@ -199,3 +201,21 @@ def test_the_standalone_admission_check_counts_on_the_cluster(on_cluster: dict[s
             await close_loop_clients()
 
     assert asyncio.run(three()) == [True, True, False]
+
+
+def test_a_group_runs_each_member_once_and_a_chain_is_refused(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker, cluster_client: RedisCluster
+) -> None:
+    add = tasks.step_add
+    cluster_client.set("demo:broken:99", 1)
+    result = group([add.s(i, 10) for i in range(6)] + [add.s(0, 99)]).apply_async()
+    ids = [r.id for r in result.results]
+    assert len({keys().partition_of(i) for i in ids}) > 1  # members in several partitions
+    assert [relier_django.result(i).get(timeout=30) for i in ids[:6]] == list(range(10, 16))
+    entry = wait_until(lambda: dlq.store().get(ids[6]), 30, what="the broken member")
+    assert entry.envelope["workflow"] == result.id
+    view = relier_django.workflow(result.id)
+    assert view is not None and view.kind == "group"
+    assert [s.task_id for s in view.steps] == ids
+    with pytest.raises(ValueError, match="chains and chords are not supported"):
+        chain(add.s(1, 1), add.s(1)).apply_async()

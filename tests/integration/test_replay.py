@@ -533,7 +533,8 @@ def test_every_script_has_a_replay_scenario() -> None:
 def _layouts() -> list[Any]:
     """Every scenario on the plain layout and on a partitioned one (PARTITIONS > 1,
     docs/scaling.md: each key in its partition's slot, the absent keys named in it),
-    except workflows', which a partitioned store refuses at push (tests/unit/test_partitions.py)."""
+    except chains' and chords', which a partitioned store refuses at push
+    (tests/unit/test_partitions.py)."""
     cases = []
     for name in [*_script_names(), *VARIANTS]:
         cases.append(pytest.param(name, 1, id=f"{name}-plain"))

@@ -104,7 +104,7 @@ def test_a_per_partition_index_is_never_asked_of_the_whole() -> None:
     assert keys.partition_of_key(keys.at(4).expiry) == 4
 
 
-def test_a_push_draws_its_id_in_its_claims_partition_and_refuses_a_workflow(
+def test_a_push_draws_its_id_in_its_claims_partition_and_refuses_a_chain_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cfg = Config(partitions=6)
@@ -118,7 +118,7 @@ def test_a_push_draws_its_id_in_its_claims_partition_and_refuses_a_workflow(
                  if keys.partition_of(f"id-{n}") != keys.partition_of_key(claim))  # fmt: skip
     with pytest.raises(ValueError, match="different partitions"):
         producer._placed("shop.charge", wrong, "order-1", False)
-    with pytest.raises(ValueError, match="chains, groups and chords"):
+    with pytest.raises(ValueError, match="chains and chords are not supported"):
         producer._placed("shop.charge", None, None, True)
 
 

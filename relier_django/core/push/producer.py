@@ -97,7 +97,7 @@ def prepare(
     idem = idempotency_key
     if idem is None and spec.idempotent:
         idem = derive_key(spec.idempotency_key, args, kwargs)
-    task_id = _placed(spec.name, task_id, idem, bool(chain or group_id or chord))
+    task_id = _placed(spec.name, task_id, idem, bool(chain or chord))
     return Envelope(
         id=task_id,
         workflow=group_id or (task_id if chain else ""),
@@ -121,16 +121,18 @@ def _placed(task: str, task_id: str | None, idem: str | None, in_workflow: bool)
 
     Raises:
         ValueError: with partitions, a caller's id whose partition is not its claim's,
-            or a workflow (chain, group, chord), whose steps Celery names itself.
+            or a step of a chain or a chord, whose commit creates the next task (Celery
+            names it, in any partition). A group's members are tasks of their own.
     """
     keys = KeySpace.of(config.current())
     if not keys.tagged:
         return task_id or uuid.uuid4().hex
     if in_workflow:
         raise ValueError(
-            f"{task}: chains, groups and chords are not supported on a partitioned store "
-            "(RELIER['PARTITIONS'] > 1 or RELIER['CLUSTER']) yet: their steps' ids are drawn "
-            "by Celery, and a step must live in its workflow's partition (docs/scaling.md)"
+            f"{task}: chains and chords are not supported on a partitioned store "
+            "(RELIER['PARTITIONS'] > 1 or RELIER['CLUSTER']) yet: a step's commit creates "
+            "the next task in one script, and Celery draws that task's id, in any "
+            "partition (docs/scaling.md); groups are"
         )
     claim = keys.idempotency(task, idem) if idem is not None else None
     if task_id is None:

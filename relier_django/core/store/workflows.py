@@ -3,6 +3,10 @@ can be read by its id (``relier_django.workflow``) and listed in the admin. Writ
 the producer when it stores the workflow's first task (a chain's first step, a
 group's or a chord header's members); each task's own state stays where it always is.
 Idempotent writes (the same fields each time), so a replayed push changes nothing.
+On a partitioned store the record (its workflow's partition) and the index (``{g}``)
+are in two slots, which one MULTI cannot span: they are written in one pipeline
+without it, and a push interrupted between them leaves a record the next member's
+push completes, or one the admin does not list.
 """
 
 from __future__ import annotations
@@ -45,12 +49,12 @@ class Record:
         pipe.zremrangebyrank(keys.workflows, 0, -LISTED - 1)
 
     def run(self, client: Any, keys: KeySpace) -> None:
-        pipe = client.pipeline(transaction=True)
+        pipe = client.pipeline(transaction=not keys.tagged)
         self._queue(pipe, keys)
         pipe.execute()
 
     async def arun(self, client: Any, keys: KeySpace) -> None:
-        pipe = client.pipeline(transaction=True)
+        pipe = client.pipeline(transaction=not keys.tagged)
         self._queue(pipe, keys)
         await pipe.execute()
 
