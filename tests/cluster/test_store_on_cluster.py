@@ -219,3 +219,16 @@ def test_a_group_runs_each_member_once_and_a_chain_is_refused(
     assert [s.task_id for s in view.steps] == ids
     with pytest.raises(ValueError, match="chains and chords are not supported"):
         chain(add.s(1, 1), add.s(1)).apply_async()
+
+
+def test_cancel_takes_back_a_scheduled_idempotent_task(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker, cluster_client: RedisCluster
+) -> None:
+    receipt = tasks.charge.push_with(countdown=1.5).push("o-cancel", 5)
+    assert relier_django.cancel(receipt.task_id) is relier_django.Cancelled.BEFORE_START
+    with pytest.raises(relier_django.TaskCancelled):
+        receipt.get(timeout=5)
+    assert cluster_client.zscore(keys().of_task(receipt.task_id).schedule, receipt.task_id) is None
+    # The claim, in the task's partition, is freed: the same charge runs when pushed again.
+    assert tasks.charge.push("o-cancel", 5).get(timeout=30)["order_id"] == "o-cancel"
+    assert runs("charge:o-cancel") and len(runs("charge:o-cancel")) == 1
