@@ -32,6 +32,7 @@ from relier_django.core.store.connection import close_loop_clients, sync_client
 from relier_django.core.store.keys import partition_tags
 from relier_django.dlq import release_entry
 from testproject.cluster import ClusterGroup
+from testproject.demo import jobs as djobs
 from testproject.demo import tasks
 from testproject.harness import CeleryWorker, RedisServer, process_pointed_at, wait_until
 from tests.cluster.stores import PARTITIONS, keys, relier_vars, store_env
@@ -232,3 +233,17 @@ def test_cancel_takes_back_a_scheduled_idempotent_task(
     # The claim, in the task's partition, is freed: the same charge runs when pushed again.
     assert tasks.charge.push("o-cancel", 5).get(timeout=30)["order_id"] == "o-cancel"
     assert runs("charge:o-cancel") and len(runs("charge:o-cancel")) == 1
+
+
+def test_django_tasks_enqueue_runs_and_reads_back_its_trail(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker
+) -> None:
+    # The django.tasks backend keeps each result's trail (task hash and history, renamed
+    # by commit.lua): its keys, in the task's partition, are read back by id.
+    results = [djobs.add.enqueue(i, 3) for i in range(6)]
+    assert len({keys().partition_of(r.id) for r in results}) > 1
+    for result in results:
+        wait_until(lambda r=result: r.refresh() or r.is_finished, 30, what="the result")
+        assert result.return_value == int(result.args[0]) + 3
+        assert result.attempts == 1 and result.worker_ids
+        assert djobs.add.get_result(result.id).return_value == result.return_value
