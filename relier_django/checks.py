@@ -33,7 +33,7 @@ from .core.model import links
 from .core.model.config import Config
 from .core.schedule import periodic, ticks
 from .core.store import layout
-from .core.store.connection import describe, home_client, redact, sync_client
+from .core.store.connection import describe, home_client, master_clients, redact, sync_client
 from .core.store.keys import KeySpace
 from .core.task import RelierTask
 
@@ -185,15 +185,11 @@ def check_redis(
 
 
 def _masters(cfg: Config, client: Any) -> list[tuple[str, redis.Redis]]:
-    """Each master of the store's Redis Cluster, as (its address, a client of it)."""
-    options = redis.connection.parse_url(cfg.redis_url)
-    found = []
-    for node in client.get_primaries():
-        at = f"{node.host}:{node.port}"
-        options.update(host=node.host, port=node.port)
-        plain = redis.Redis(**options, decode_responses=True, socket_timeout=1.0)
-        found.append((f"{redact(cfg.redis_url)} (cluster master {at})", plain))
-    return found
+    """Each master of the store's Redis Cluster, as (how a message names it, a client)."""
+    return [
+        (f"{redact(cfg.redis_url)} (cluster master {host}:{port})", master)
+        for (host, port), master in master_clients(cfg, client)
+    ]
 
 
 def _layout(where: str, client: redis.Redis, cfg: Config) -> list[CheckMessage]:

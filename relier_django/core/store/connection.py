@@ -315,6 +315,19 @@ def home_address(config: Config) -> tuple[str, int]:
     return cluster.master_of(sync_client(config), KeySpace.of(config).holders)
 
 
+def master_clients(config: Config, client: Any) -> list[tuple[tuple[str, int], redis.Redis]]:
+    """Each master of a Redis Cluster (as ``client``, a cluster client, knows them),
+    with a fail-fast plain client of it: for what is asked of every master (its
+    durability settings), not of a slot."""
+    found = []
+    for node in client.get_primaries():
+        host, port = str(node.host), int(node.port)
+        options = redis.connection.parse_url(config.redis_url) | {"host": host, "port": port}
+        master = redis.Redis(**options, retry=Retry(backoff(), 0), **_options(config, True))
+        found.append(((host, port), master))
+    return found
+
+
 def refresh_home(config: Config) -> None:
     """On a Redis Cluster, re-read the slot map, so that :func:`home_address` names the
     home master's successor after a failover (a process that made no keyed call since
