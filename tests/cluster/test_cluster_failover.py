@@ -297,13 +297,16 @@ def test_a_master_killed_under_load_fails_over_and_every_task_commits_once(
 # -- 2. the home master -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pool", ["busy", "idle"])
+@pytest.mark.parametrize("pool", ["busy", "idle", "restarted"])
 def test_the_home_master_killed_fails_over_and_a_dead_pool_process_is_still_found(
     pool: str, own_cluster: ClusterGroup, redis_server: RedisServer, start_worker: StartWorker
 ) -> None:
     """``busy``: killed under load, as the first test. ``idle``: killed once the load
     has drained, so the pool processes make no call to the store while the cluster
-    fails over (most of a large pool, at any instant)."""
+    fails over (most of a large pool, at any instant). ``restarted``: idle, and the old
+    master is back at once, a replica at the address every liveness connection
+    reconnects to (the chaos runner's cluster-delivery found live processes declared
+    dead so)."""
     group, problems = own_cluster, Problems()
     with process_pointed_at(store_env(group.url, redis_server)):
         home = home_of(group)
@@ -329,6 +332,8 @@ def test_the_home_master_killed_fails_over_and_a_dead_pool_process_is_still_foun
         new = group.wait_for_failover(old)
         failover_s = time.monotonic() - killed_at
         assert home_of(group) is new  # the {g} slot moved with the rest of the slots
+        if pool == "restarted":
+            group.restart(old)
         if pool == "busy":
             check_exactly_once(outcomes(receipts, 30, problems), problems)
 

@@ -27,6 +27,8 @@ class _Pipe:
 
     def execute(self) -> list[Any]:
         s = self.server
+        if s.cluster_down:
+            raise redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down")
         if s.refuse:
             raise redis.ResponseError("NOPERM this user has no permissions to run 'client'")
         clients = [{"name": connection_name("rl", w)} for w in s.live] + [{"name": "other"}]
@@ -42,6 +44,7 @@ class _Server:
         self.run_id = "a"
         self.now_ms = 1_000_000
         self.refuse = False
+        self.cluster_down = False
 
     def pipeline(self, transaction: bool = False) -> _Pipe:
         return _Pipe(self)
@@ -140,3 +143,17 @@ def test_a_server_that_refuses_client_list_turns_the_check_off(clock, caplog):
     d = deaths.Deaths(server, KeySpace("rl"))  # type: ignore[arg-type]
     assert d.check() == {} and d.disabled
     assert "heartbeat expiry only" in caplog.text
+
+
+def test_a_cluster_failing_over_is_no_refusal_the_check_goes_on(clock):
+    # A Redis Cluster answers CLUSTERDOWN, for every slot, while a master's slots are
+    # failed over: a ResponseError, which must not read as "CLIENT LIST refused".
+    server = _Server()
+    d = deaths.Deaths(server, KeySpace("rl"))  # type: ignore[arg-type]
+    server.live = {"w1"}
+    assert _step(d, server, clock, 0.25) == {}
+    server.cluster_down = True
+    assert _step(d, server, clock, 0.25) == {} and not d.disabled
+    server.cluster_down, server.live = False, set()
+    assert _step(d, server, clock, 0.25) == {}
+    assert "w1" in _step(d, server, clock, 1.5)  # still watching: its death is found

@@ -39,6 +39,8 @@ CHECK_S = 0.25  # how often every scanner lists the live connections
 GRACE_S = 1.0  # how long a name must stay absent: longer than a client's reconnect
 PAUSE_S = 5.0  # after a server restart or failover, no verdict for this long
 _CHUNK = 1000
+# Error replies that say "not now", not "never": a cluster with a slot uncovered.
+_PASSING = (redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)
 
 
 @dataclass
@@ -69,6 +71,10 @@ class Deaths:
         pipe.smembers(self.keys.holders)
         try:
             (secs, micros), info, clients, registered = pipe.execute()
+        except _PASSING:
+            # A Redis Cluster answers so while a master's slots are being failed over,
+            # for every slot: no verdict now, the next check asks again.
+            return {}
         except redis.ResponseError as exc:
             self.disabled = True
             logger.warning(

@@ -36,6 +36,13 @@ _MAX_BLOCK_S = 1.0
 _MIN_BLOCK_S = 0.005
 # Below this, wait on the local clock (see _sleep): more than one Redis clock tick.
 _LOCAL_WAIT_S = 0.15
+# Errors that mean the store is away for now, not that a step is wrong.
+_AWAY = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
 # How long a death stays in a scanner's memory, for it to act on once it leads.
 _DEATH_MEMORY_S = 60.0
 
@@ -187,6 +194,11 @@ class Scanner:
     def _guarded(self, step: Any, what: str) -> Any:
         try:
             return step()
+        except _AWAY as exc:
+            # Redis away (a restart, a failover): the step is retried at its next turn,
+            # and a traceback per step per turn would bury the one line that matters.
+            logger.warning("%s failed scanner=%s: %r", what, self.scanner_id, exc)
+            return None
         except Exception:
             logger.exception("%s failed scanner=%s", what, self.scanner_id)
             return None

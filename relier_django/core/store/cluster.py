@@ -23,6 +23,7 @@ import redis
 import redis.asyncio.cluster
 import redis.backoff
 import redis.cluster
+import redis.connection
 import redis.retry
 
 from ..model.config import Config
@@ -41,9 +42,10 @@ _TRANSIENT = (
 # replaced), which is what redis-py's own retries are good for.
 _IN_ROUND = redis.retry.Retry(redis.backoff.NoBackoff(), 1)
 
-# (host, port) of every node a client of this process has seen. Kept across a fork on
-# purpose: a pool process starts from what its parent knew.
-_seen: set[tuple[str, int]] = set()
+# (host, port) of every node a client of this process has seen, by the URL that named
+# the cluster (a process may talk to two). Kept across a fork on purpose: a pool process
+# starts from what its parent knew.
+_seen: dict[str, set[tuple[str, int]]] = {}
 
 
 # redis-py's annotation asks for RedisError subclasses; it catches whatever it is given,
@@ -88,11 +90,16 @@ def _built(make: Callable[..., Any], config: Config, **options: Any) -> Any:
     """A cluster client from the URL and the nodes seen so far. A seed that cannot be
     reached at all is a ConnectionError (a RedisError, as any other client's); a seed
     that is no cluster node is redis-py's RedisClusterException, which says so."""
-    startup = [redis.cluster.ClusterNode(host, port) for host, port in sorted(_seen)]
+    # The URL's node first (redis-py would try it last): a node remembered from before
+    # may be gone, its port another server's since.
+    named = redis.connection.parse_url(config.redis_url)
+    first = (str(named.get("host", "localhost")), int(named.get("port", 6379)))
+    known = [first, *sorted(_seen.get(config.redis_url, set()) - {first})]
+    startup = [redis.cluster.ClusterNode(host, port) for host, port in known]
     last: Exception | None = None
     for _ in range(2):  # the URL's node and the known ones, then once more
         try:
-            return make(config.redis_url, startup_nodes=startup or None, **options)
+            return make(config.redis_url, startup_nodes=startup, **options)
         except redis.exceptions.RedisClusterException as exc:
             if "not enabled" in str(exc):
                 raise  # CLUSTER set for a server that is not a cluster node
@@ -106,7 +113,7 @@ def sync_cluster(config: Config, fail_fast: bool, options: dict[str, Any]) -> re
     one slot."""
     client: Any = _built(SyncCluster.from_url, config, retry=_IN_ROUND, **options)
     client.rounds = _rounds(fail_fast)
-    remember(client)
+    remember(client, config)
     return client  # type: ignore[no-any-return]
 
 
@@ -118,16 +125,17 @@ def async_cluster(config: Config, fail_fast: bool, options: dict[str, Any]) -> r
     return client  # type: ignore[no-any-return]
 
 
-def remember(client: Any) -> None:
-    """Note the nodes ``client`` knows, for the clients built after it."""
-    _seen.update((str(node.host), int(node.port)) for node in client.get_nodes())
+def remember(client: Any, config: Config) -> None:
+    """Note the nodes ``client`` knows, for the clients of ``config`` built after it."""
+    nodes = {(str(node.host), int(node.port)) for node in client.get_nodes()}
+    _seen.setdefault(config.redis_url, set()).update(nodes)
 
 
-def refresh(client: Any) -> None:
+def refresh(client: Any, config: Config) -> None:
     """Re-read the slot map now (``CLUSTER SLOTS``): after a failover, a process that
     made no keyed call since still holds the old map, in which a dead master serves."""
     client.nodes_manager.initialize()
-    remember(client)
+    remember(client, config)
 
 
 def master_of(client: Any, key: str) -> tuple[str, int]:

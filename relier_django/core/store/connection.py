@@ -333,7 +333,7 @@ def refresh_home(config: Config) -> None:
     home master's successor after a failover (a process that made no keyed call since
     would still name the dead one)."""
     if config.cluster:
-        cluster.refresh(sync_client(config))
+        cluster.refresh(sync_client(config), config)
 
 
 # A home master that is gone is not waited for long: its scanner's death check is

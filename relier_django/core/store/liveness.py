@@ -39,6 +39,9 @@ logger = logging.getLogger("relier_django.liveness")
 
 _SEP = "|"  # a worker id holds ':' and '@', never '|'
 _RETRY_PAUSE_S = 0.1
+# On a Redis Cluster, how often a holder checks that its connection is on the home
+# master: well inside the scanners' pause after a failover (deaths.PAUSE_S).
+_ROLE_CHECK_S = 1.0
 
 
 def connection_name(prefix: str, worker: str) -> str:
@@ -74,6 +77,8 @@ class _Holder:
         self.client.sadd(keys.holders, self.worker)
 
     def _hold(self) -> None:
+        wait = _ROLE_CHECK_S if self.config.cluster else None
+        checked = time.monotonic()
         while True:
             if self.pubsub is None:  # a reopen failed: the server is still away
                 time.sleep(_RETRY_PAUSE_S)
@@ -82,7 +87,10 @@ class _Holder:
             try:
                 # Waits on the socket; a connection the server closed is reconnected
                 # (name and subscription sent again) by redis-py's retry policy.
-                self.pubsub.get_message(timeout=None)
+                self.pubsub.get_message(timeout=wait)
+                if wait is not None and time.monotonic() - checked >= wait:
+                    checked = time.monotonic()
+                    self._follow_home()
             except (redis.ConnectionError, redis.TimeoutError):
                 time.sleep(_RETRY_PAUSE_S)  # the server is away: try again shortly
                 if self.config.cluster:
@@ -90,6 +98,17 @@ class _Holder:
             except Exception:
                 logger.warning("liveness connection worker=%s", self.worker, exc_info=True)
                 time.sleep(_RETRY_PAUSE_S)
+
+    def _follow_home(self) -> None:
+        # On a Redis Cluster, redis-py reconnects to the address it had: a failed-over
+        # home master that came back at once is a replica there now, while the
+        # scanners list the connections of its successor and would find this process
+        # gone. The node is asked its role (on the holder's other connection: a
+        # subscribed one takes no other command); a replica means: move.
+        role = self.client.execute_command("ROLE")
+        if str(role[0]) != "master":
+            logger.info("liveness connection worker=%s follows the home master", self.worker)
+            self._reopen()
 
     def _reopen(self) -> None:
         # On a Redis Cluster the home master may have failed over: its successor is at
