@@ -10,6 +10,13 @@
 - **Refusals**: the ``stale commit rejected``, ``incarnation cancelled``, ``message
   refused`` ... lines of the same logs.
 - **Outcomes, the DLQ, leftovers**: read from Redis once the run has drained.
+
+Every read of the store goes through the key space of the configuration in force
+(:func:`keys`): the scenario's own while the runner points this process at its servers
+(``runner.pointed_at``). On a partitioned store (``RELIER_PARTITIONS``,
+``RELIER_CLUSTER``) the per-partition indexes (expiry, DLQ) are read in every partition
+(``KeySpace.parts()``), and on a Redis Cluster every master is scanned for leftovers
+and task hashes, and multi-key reads are split by slot.
 """
 
 from __future__ import annotations
@@ -18,23 +25,44 @@ import fnmatch
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
+import redis
 from amqp.exceptions import NotFound
 from kombu.connection import Connection
+from redis.cluster import RedisCluster
 
-from relier_django.core.model.config import Config
+from relier_django.core.model.config import Config, current
 from relier_django.core.store.keys import KeySpace
 from testproject.rabbitmq import RabbitServer
 
-# The chaos cluster runs with relier's default prefix and recovery queue.
+# The chaos processes run with relier's default recovery queue.
 _DEFAULTS = Config()
-KEYS = KeySpace(_DEFAULTS.key_prefix)
 TASK_QUEUES = ("celery", _DEFAULTS.recovery_queue)
+
+
+def keys() -> KeySpace:
+    """The store's key space as the configuration in force lays it out: the scenario's
+    processes' during a run (its prefix, its partitions), relier's defaults outside."""
+    return KeySpace.of(current())
+
+
+class _KeysInForce:
+    """:func:`keys`, read at each use: ``KEYS.task(id)`` names the task's hash in the
+    layout of the run under way, whichever scenario imported ``KEYS``."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(keys(), name)
+
+    def __repr__(self) -> str:
+        return f"KEYS -> {keys()!r}"
+
+
+KEYS = cast(KeySpace, _KeysInForce())
 UNACKED = "unacked"  # kombu's Redis transport: messages delivered, not yet acknowledged
 
 
@@ -175,11 +203,52 @@ def read_logs(paths: Iterable[Path]) -> list[LogEvent]:
 
 
 # -- Redis ---------------------------------------------------------------------------------
+def is_cluster(client: Any) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+def _masters(client: Any) -> list[Any]:
+    """A client of each server that holds keys: ``client`` itself, or each master of a
+    cluster as the cluster sees itself now (``CLUSTER NODES``, not the client's cached
+    map, which a failover may have left behind), each through ``client``'s pool."""
+    if not is_cluster(client):
+        return [client]
+    masters = []
+    for address, node in client.cluster_nodes().items():
+        flags = set(str(node["flags"]).split(","))
+        if "master" not in flags or flags & {"fail", "fail?", "noaddr"} or not node["slots"]:
+            continue
+        host, port = address.rsplit(":", 1)
+        found = client.get_node(host=host, port=int(port))
+        if found is None:  # a node the client has not met yet (a restarted one)
+            client.nodes_manager.initialize()
+            found = client.get_node(host=host, port=int(port))
+        if found is None:
+            raise redis.exceptions.ConnectionError(f"no connection to master {address}")
+        masters.append(client.get_redis_connection(found))
+    return masters
+
+
+def scan_all(client: Any, match: str | None) -> Iterator[str]:
+    """Every key matching ``match`` (all with None) on every server of the store: a
+    cluster's keys are scanned on each master."""
+    for server in _masters(client):
+        for raw in server.scan_iter(match=match, count=1000):
+            yield raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _mget(client: Any, names: Sequence[str]) -> list[Any]:
+    # A cluster refuses one MGET over several slots: redis-py splits it by slot.
+    return list(client.mget_nonatomic(names) if is_cluster(client) else client.mget(names))
+
+
 def read_outcomes(client, task_ids: Sequence[str]) -> dict[str, dict[str, Any] | None]:
+    space = keys()
     out: dict[str, dict[str, Any] | None] = {}
     for start in range(0, len(task_ids), 500):
         chunk = task_ids[start : start + 500]
-        for task_id, raw in zip(chunk, client.mget([KEYS.result(t) for t in chunk]), strict=True):
+        found = _mget(client, [space.result(t) for t in chunk])
+        for task_id, raw in zip(chunk, found, strict=True):
             out[task_id] = json.loads(raw) if raw else None
     return out
 
@@ -187,32 +256,39 @@ def read_outcomes(client, task_ids: Sequence[str]) -> dict[str, dict[str, Any] |
 def read_dlq(client) -> tuple[dict[str, DlqRecord], list[DlqRecord]]:
     from relier_django.core.dlq.store import DeadLetterStore
 
-    store = DeadLetterStore(client, KEYS)
+    space = keys()
+    store = DeadLetterStore(client, space)
     tied: dict[str, DlqRecord] = {}
     untied: list[DlqRecord] = []
-    for entry_id in client.zrange(KEYS.dlq, 0, -1):
-        entry = store.get(entry_id)
-        if entry is None:
-            continue
-        raw = entry.data.get("raw")
-        record = DlqRecord(
-            entry.id, entry.summary.task_id, entry.reason, entry.fence, entry.checkpoint, raw
-        )
-        if entry.fence is None:
-            untied.append(record)
-        else:
-            tied[record.task_id] = record
+    for part in space.parts():
+        for entry_id in client.zrange(part.dlq, 0, -1):
+            entry = store.get(entry_id)
+            if entry is None:
+                continue
+            raw = entry.data.get("raw")
+            record = DlqRecord(
+                entry.id, entry.summary.task_id, entry.reason, entry.fence, entry.checkpoint, raw
+            )
+            if entry.fence is None:
+                untied.append(record)
+            else:
+                tied[record.task_id] = record
     return tied, untied
 
 
 def read_leftovers(client) -> tuple[list[str], list[str], dict[str, int]]:
     """G7, as tests/leaks.py has it: after a drain only results and idempotency claims
     (each with a TTL), admission counters (TTL), DLQ entries and the scanner lease may
-    remain. Returns (leaked, without a TTL that they need, kept by kind)."""
-    with_ttl, owned = KEYS.expiring_patterns(), KEYS.owned_patterns()
+    remain. Returns (leaked, without a TTL that they need, kept by kind).
+
+    A plain Redis is shared with the broker: its keys of the store's prefix are read. A
+    cluster holds the store alone (it is no Celery broker): every key of every master
+    is read, and any that is not the store's is leaked too."""
+    space = keys()
+    with_ttl, owned = space.expiring_patterns(), space.owned_patterns()
     leaked, no_ttl, kept = [], [], Counter()
-    for raw in client.scan_iter(match=KEYS.all_pattern(), count=1000):
-        key = raw.decode() if isinstance(raw, bytes) else raw
+    match = None if is_cluster(client) else space.all_pattern()
+    for key in scan_all(client, match):
         expiring = next((p for p in with_ttl if fnmatch.fnmatchcase(key, p)), None)
         if expiring is not None:
             kept[expiring] += 1
@@ -227,9 +303,16 @@ def read_leftovers(client) -> tuple[list[str], list[str], dict[str, int]]:
     return sorted(leaked), sorted(no_ttl), dict(kept)
 
 
+def _task_pattern(space: KeySpace) -> str:
+    # Every partition's task hashes: Redis' glob takes braces as plain characters.
+    return f"{space.root}:{{*}}:t:{{*}}" if space.tagged else space.task("*")
+
+
 def in_flight(client) -> dict[str, int]:
-    hashes = sum(1 for _ in client.scan_iter(match=KEYS.task("*"), count=1000))
-    return {"expiry index": int(client.zcard(KEYS.expiry)), "task hashes": hashes}
+    space = keys()
+    hashes = sum(1 for _ in scan_all(client, _task_pattern(space)))
+    expiry = sum(int(client.zcard(part.expiry)) for part in space.parts())
+    return {"expiry index": expiry, "task hashes": hashes}
 
 
 def queued(client) -> dict[str, int]:

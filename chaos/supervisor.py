@@ -1,7 +1,8 @@
 """Everything one scenario starts, and the supervisor that restarts what it kills.
 
 Built on ``testproject/harness.py`` (RedisServer, CeleryWorker) and, for a scenario
-whose broker is RabbitMQ, ``testproject/rabbitmq.py`` (RabbitServer). Every process is
+whose broker is RabbitMQ, ``testproject/rabbitmq.py`` (RabbitServer), or whose store is
+a Redis Cluster, ``testproject/cluster.py`` (ClusterGroup). Every process is
 recorded the moment it runs and is stopped by PID (workers by their own process
 group) in :meth:`Cluster.stop`, which runs in a ``finally`` and again at interpreter
 exit (``atexit``), so a failing or interrupted run leaves nothing behind.
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testproject.cluster import ClusterGroup
 from testproject.harness import REPO_ROOT, CeleryWorker, RedisServer, wait_until, worker_env
 from testproject.rabbitmq import RabbitServer
 
@@ -62,7 +64,8 @@ atexit.register(_stop_all_at_exit)
 @dataclass(eq=False)
 class Cluster:
     """A private Redis (and, for some scenarios, a private RabbitMQ node as Celery's
-    broker), worker slots, a standalone resurrector and proxies."""
+    broker, or a private Redis Cluster as relier's store), worker slots, a standalone
+    resurrector and proxies."""
 
     run_dir: Path
     env: dict[str, str] = field(default_factory=dict)  # RELIER_*/CELERY_* for every process
@@ -70,6 +73,7 @@ class Cluster:
     redis: RedisServer | None = None
     redis_url: str = ""  # where processes connect (a Sentinel group sets its own env)
     rabbit: RabbitServer | None = None  # Celery's broker when not on Redis
+    store_cluster: ClusterGroup | None = None  # relier's store when on a Redis Cluster
     slots: dict[str, CeleryWorker] = field(default_factory=dict)  # slot -> current worker
     workers: list[CeleryWorker] = field(default_factory=list)  # every worker ever started
     resurrector: subprocess.Popen[bytes] | None = None
@@ -100,6 +104,31 @@ class Cluster:
         self.rabbit.start()
         self.env["CELERY_BROKER_URL"] = self.rabbit.url
         return self.rabbit
+
+    def start_redis_cluster(
+        self, partitions: int, masters: int = 3, replicas: int = 1
+    ) -> ClusterGroup:
+        """A private Redis Cluster (``masters`` masters, ``replicas`` replicas each) as
+        relier's store, split into ``partitions``, for every process started after this
+        and for the runner's producer; Celery's broker stays on the private Redis (a
+        cluster is no Celery broker): start that first.
+
+        The processes' seed URL names the "home" master, the one serving the ``{g}``
+        slot (liveness connections, the scanner lease). A process started before a
+        failover finds the cluster through every node it has seen (and a prefork pool
+        process through its parent's: ``relier_django/core/store/cluster.py``); one that
+        starts while its seed is down would not: fail the home master over only while
+        no process starts."""
+        group = ClusterGroup(self.run_dir / "redis-cluster", masters=masters, replicas=replicas)
+        self.store_cluster = group  # recorded first: stop() reaches every node it started
+        group.start()
+        home = group.node_of_key("{g}")
+        self.env.update({
+            "RELIER_REDIS_URL": f"redis://127.0.0.1:{home.port}",
+            "RELIER_CLUSTER": "true",
+            "RELIER_PARTITIONS": str(partitions),
+        })  # fmt: skip
+        return group
 
     def adopt(self, stoppable: object) -> None:
         """Stop ``stoppable`` (anything with ``stop()``) with the cluster."""
@@ -205,6 +234,8 @@ class Cluster:
         self._stoppables.clear()
         if self.rabbit is not None:
             self.rabbit.stop()
+        if self.store_cluster is not None:
+            self.store_cluster.stop()
         if self.redis is not None:
             self.redis.stop()
         with _live_lock:

@@ -37,6 +37,7 @@ class Scenario:
 
 def _all() -> dict[str, Scenario]:
     from . import (
+        cluster,
         kills,
         load,
         messages,
@@ -64,6 +65,7 @@ def _all() -> dict[str, Scenario]:
         periodic.PERIODIC_LEADER_KILL,
         workflows.WORKFLOWS,
         rabbitmq.RABBITMQ_DELIVERY,
+        cluster.CLUSTER_DELIVERY,
     ]
     return {s.name: s for s in ordered}
 

@@ -1,18 +1,23 @@
-"""Helpers shared by the scenarios: supervising kills, and judging stale incarnations."""
+"""Helpers shared by the scenarios: supervising kills, pausing a zombie, a steady run
+with faults at intervals, and judging stale incarnations."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from testproject.harness import CeleryWorker
 
 from ..evidence import ZOMBIE_REFUSALS, Evidence, read_logs, read_outcomes
 from ..invariants import Check
-from ..runner import Run
+from ..runner import Item, Run
 
 Running = dict[str, tuple[int, int]]  # task id -> (pool process PID, fence)
 
@@ -195,3 +200,122 @@ def stale_incarnation_checks(held: dict[str, int], log_name: str, who: str):  # 
         ]
 
     return verify
+
+
+def kill_busy(run: Run, kind: str) -> tuple[str, dict[str, int]] | None:
+    """SIGKILL a busy pool process (``child``) or a whole worker; the kind done and the
+    tasks it interrupted (task id -> fence), or None if nothing was running."""
+    found = busy_worker(run)
+    if found is None:
+        run.note(f"{kind} kill: no task was running any more; skipped")
+        return None
+    worker, running = found
+    hit = kill_child(run, worker, running) if kind == "child" else {}
+    if not hit:  # a worker kill, or no pool process of that worker ran a task after all
+        kill_worker(run, worker, running)
+        hit, kind = running, "worker"
+    return kind, {task_id: fence for task_id, (_, fence) in hit.items()}
+
+
+def pause_zombie(run: Run) -> tuple[dict[str, int], str]:
+    """SIGSTOP one pool process running a task, past the heartbeat TTL, until its tasks
+    were resurrected and committed elsewhere; then SIGCONT it. Returns what it held
+    (task id -> fence) and its worker's log, where it must refuse each one."""
+    for _attempt in range(5):
+        found = busy_worker(run)
+        if found is None:
+            break
+        worker, running = found
+        pids = sorted({pid for pid, _ in running.values()} & {p.pid for p in worker.children()})
+        if not pids:
+            continue
+        pid = run.rng.choice(pids)
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:  # it exited between the store naming it and the signal
+            continue
+        # A stopped process writes nothing more: what the store says now is all it holds.
+        holder = f"{worker.hostname}:{pid}"
+        held = {
+            task_id: int(s["fence"])
+            for task_id, s in run.task_states().items()
+            if s["state"] == "running" and s["worker"] == holder
+        }
+        if held:
+            _await_zombie(run, worker, pid, held)
+            return held, worker.log_path.name
+        os.kill(pid, signal.SIGCONT)
+    run.note("zombie: no pool process was running a task to pause")
+    return {}, ""
+
+
+def _await_zombie(run: Run, worker: CeleryWorker, pid: int, held: dict[str, int]) -> None:
+    paused_at = time.time()
+    run.fault(
+        f"SIGSTOP pool process {pid} of {worker.name} holding {len(held)} running task",
+        pids=[pid],
+    )
+    if not wait_superseded(run, held):
+        run.note("zombie: its tasks were not all resurrected and committed within 90 s")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+    run.fault(
+        f"SIGCONT pool process {pid} after {time.time() - paused_at:.1f} s: a zombie now",
+        interrupts=False,
+    )
+    wait_refusals(worker.log_path, held)
+
+
+@dataclass
+class Faulted:
+    """What a :func:`faulted_run` did: the tasks its kills interrupted (task id ->
+    fence) and the kinds of kill, what the zombie held and its worker's log, and the
+    server faults' own results, in order."""
+
+    hits: dict[str, int] = field(default_factory=dict)
+    kinds: Counter[str] = field(default_factory=Counter)
+    held: dict[str, int] = field(default_factory=dict)
+    zombie_log: str = ""
+    server: list[Any] = field(default_factory=list)
+
+    def verify(self, run: Run, steps: list[str]) -> None:
+        """The kills' and the zombie's checks."""
+        kills = sum(1 for s in steps if s in ("child", "worker"))
+        run.verify(interrupted_checks(self.hits, kills, self.kinds))
+        run.verify(stale_incarnation_checks(self.held, self.zombie_log, "the paused pool process"))
+
+
+def faulted_run(
+    run: Run,
+    steps: list[str],
+    server_steps: Collection[str],
+    burst: int,
+    work_s: tuple[float, float],
+    burst_work_s: tuple[float, float],
+    pace: float,
+    min_span_s: float,
+    on_server: Callable[[str, list[Item]], Any],
+) -> Faulted:
+    """A steady producer at ``pace`` of what the workers can run (over at least
+    ``min_span_s``), and ``steps`` at even intervals through it: ``child`` and
+    ``worker`` kills, a ``zombie``, and the server faults (``server_steps``), each of
+    which gets a burst of ``burst`` longer tasks to go down holding."""
+    faults = sum(1 for s in steps if s in server_steps)
+    steady = run.items(run.n - burst * faults, work_s)
+    bursts = run.items(burst * faults, burst_work_s, prefix="burst-")
+    processes = max(1, len(run.cluster.live_workers())) * run.cluster.concurrency
+    over_s = max(min_span_s, len(steady) * sum(work_s) / 2 / processes / pace)
+    run.produce(steady, over_s=over_s)
+    began, gap = time.monotonic(), over_s / (len(steps) + 1)
+    done = Faulted()
+    for k, step in enumerate(steps):
+        time.sleep(max(0.0, began + gap * (k + 1) * run.rng.uniform(0.8, 1.2) - time.monotonic()))
+        if step in server_steps:
+            done.server.append(on_server(step, bursts[:burst]))
+            bursts = bursts[burst:]
+        elif step == "zombie":
+            done.held, done.zombie_log = pause_zombie(run)
+        elif (hit := kill_busy(run, step)) is not None:
+            done.kinds[f"{hit[0]} kill(s)"] += 1
+            done.hits.update(hit[1])
+    return done

@@ -23,30 +23,16 @@ run may leave a task that only the grace brings back.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from testproject.harness import CeleryWorker
 from testproject.rabbitmq import RabbitServer
 
 from ..evidence import TASK_QUEUES, Evidence, rabbit_queued
 from ..invariants import Check
 from ..runner import Item, Run
 from . import Scenario
-from .common import (
-    busy_worker,
-    interrupted_checks,
-    kill_child,
-    kill_worker,
-    stale_incarnation_checks,
-    wait_refusals,
-    wait_superseded,
-)
+from .common import faulted_run
 
 QUEUE_TYPE = "quorum"
 WORK_S = (0.4, 1.2)
@@ -87,97 +73,12 @@ def rabbitmq_delivery(run: Run) -> None:
     assert node is not None, "rabbitmq_setup starts the node"
     run.start()
     steps = plan(run.n)
-    node_faults = sum(1 for s in steps if s in NODE_FAULTS)
-    burst = max(8, run.n // 10)
-    steady = run.items(run.n - burst * node_faults, WORK_S)
-    bursts = run.items(burst * node_faults, BURST_WORK_S, prefix="burst-")
-    processes = max(1, len(run.cluster.live_workers())) * run.cluster.concurrency
-    over_s = max(MIN_SPAN_S, len(steady) * sum(WORK_S) / 2 / processes / PACE)
-    run.produce(steady, over_s=over_s)
-    began, gap = time.monotonic(), over_s / (len(steps) + 1)
-    hits: dict[str, int] = {}
-    kinds: Counter[str] = Counter()
-    held: dict[str, int] = {}
-    zombie_log = ""
-    held_by_node: list[int] = []
-    for k, step in enumerate(steps):
-        time.sleep(max(0.0, began + gap * (k + 1) * run.rng.uniform(0.8, 1.2) - time.monotonic()))
-        if step in NODE_FAULTS:
-            held_by_node.append(_node_fault(run, node, step, bursts[:burst]))
-            bursts = bursts[burst:]
-        elif step == "zombie":
-            held, zombie_log = _zombie(run)
-        elif (done := _kill(run, step)) is not None:
-            kinds[f"{done[0]} kill(s)"] += 1
-            hits.update(done[1])
-    kills = sum(1 for s in steps if s in ("child", "worker"))
-    run.verify(interrupted_checks(hits, kills, kinds))
-    run.verify(stale_incarnation_checks(held, zombie_log, "the paused pool process"))
-    run.verify(_node_checks(node, held_by_node, node_faults))
-
-
-def _kill(run: Run, kind: str) -> tuple[str, dict[str, int]] | None:
-    """SIGKILL a busy pool process (``child``) or a whole worker; the kind done and the
-    tasks it interrupted (task id -> fence), or None if nothing was running."""
-    found = busy_worker(run)
-    if found is None:
-        run.note(f"{kind} kill: no task was running any more; skipped")
-        return None
-    worker, running = found
-    hit = kill_child(run, worker, running) if kind == "child" else {}
-    if not hit:  # a worker kill, or no pool process of that worker ran a task after all
-        kill_worker(run, worker, running)
-        hit, kind = running, "worker"
-    return kind, {task_id: fence for task_id, (_, fence) in hit.items()}
-
-
-def _zombie(run: Run) -> tuple[dict[str, int], str]:
-    """SIGSTOP one pool process running a task, past the heartbeat TTL, until its tasks
-    were resurrected and committed elsewhere; then SIGCONT it. Returns what it held
-    (task id -> fence) and its worker's log, where it must refuse each one."""
-    for _attempt in range(5):
-        found = busy_worker(run)
-        if found is None:
-            break
-        worker, running = found
-        pids = sorted({pid for pid, _ in running.values()} & {p.pid for p in worker.children()})
-        if not pids:
-            continue
-        pid = run.rng.choice(pids)
-        try:
-            os.kill(pid, signal.SIGSTOP)
-        except ProcessLookupError:  # it exited between the store naming it and the signal
-            continue
-        # A stopped process writes nothing more: what the store says now is all it holds.
-        holder = f"{worker.hostname}:{pid}"
-        held = {
-            task_id: int(s["fence"])
-            for task_id, s in run.task_states().items()
-            if s["state"] == "running" and s["worker"] == holder
-        }
-        if held:
-            _await_zombie(run, worker, pid, held)
-            return held, worker.log_path.name
-        os.kill(pid, signal.SIGCONT)
-    run.note("zombie: no pool process was running a task to pause")
-    return {}, ""
-
-
-def _await_zombie(run: Run, worker: CeleryWorker, pid: int, held: dict[str, int]) -> None:
-    paused_at = time.time()
-    run.fault(
-        f"SIGSTOP pool process {pid} of {worker.name} holding {len(held)} running task",
-        pids=[pid],
-    )
-    if not wait_superseded(run, held):
-        run.note("zombie: its tasks were not all resurrected and committed within 90 s")
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGCONT)
-    run.fault(
-        f"SIGCONT pool process {pid} after {time.time() - paused_at:.1f} s: a zombie now",
-        interrupts=False,
-    )
-    wait_refusals(worker.log_path, held)
+    done = faulted_run(
+        run, steps, NODE_FAULTS, max(8, run.n // 10), WORK_S, BURST_WORK_S, PACE, MIN_SPAN_S,
+        lambda kind, burst: _node_fault(run, node, kind, burst),
+    )  # fmt: skip
+    done.verify(run, steps)
+    run.verify(_node_checks(node, done.server, sum(1 for s in steps if s in NODE_FAULTS)))
 
 
 def _node_fault(run: Run, node: RabbitServer, kind: str, burst: list[Item]) -> int:

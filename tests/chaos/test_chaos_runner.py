@@ -4,7 +4,8 @@ invariant checker is not vacuous (fabricated violations are reported as failures
 Each scenario runs as ``python -m chaos run <name> --tasks small`` in a subprocess,
 exactly as a user runs it: a private Redis of its own, real prefork workers, the
 standalone resurrector, real signals. About 10-20 s each; rabbitmq-delivery, which
-also starts a private RabbitMQ node and crashes it, about 40 s.
+also starts a private RabbitMQ node and crashes it, about 40 s; cluster-delivery, which
+also starts a private Redis Cluster (6 nodes) and fails a master over, about 25 s.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ SHARED_INVARIANTS = [
 INJECTED = {
     "worker-kill", "zombie", "graceful-deploy", "network-partition", "redis-restart",
     "redis-failover", "task-corrupt", "load-spike", "scheduled-kills", "scheduled-redis-restart",
-    "periodic-leader-kill", "workflows", "rabbitmq-delivery",
+    "periodic-leader-kill", "workflows", "rabbitmq-delivery", "cluster-delivery",
 }  # fmt: skip
 
 
