@@ -143,6 +143,10 @@ def test_a_killed_worker_s_recovery_is_measured_within_the_bounds_seen(
     seconds, micros = client.time()
     killed_ms = seconds * 1000 + micros // 1000
     doomed.kill()  # SIGKILL to the whole worker: no hand-off, its heartbeat stops
+    # The dead worker led the scanners. A survivor that started while its lease still
+    # ran would find it dead by its connection first and hand its task off (cause
+    # process_death, tests/chaos/test_process_death.py); this test is about the TTL.
+    wait_until(lambda: client.get(KEYS.leader) is None, 30, what="the dead leader's lease")
     fast_worker_factory(name="survivor")
     wait_until(lambda: client.hget(KEYS.task(receipt.id), "fence") == "2"
                and client.hget(KEYS.task(receipt.id), "state") == "running", 30)  # fmt: skip
