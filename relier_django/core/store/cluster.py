@@ -9,9 +9,9 @@ relier's backoff (``retrying``): within a round redis-py tries twice, on the slo
 re-read; a failover that completes within the backoff's budget is invisible to callers,
 as a Sentinel failover is.
 
-A client is built from ``redis_url`` (any node) and from every node this process (or its
-parent, before a fork) has seen: a pool process forked after the seed node died still
-finds the cluster.
+A client is built from ``redis_url`` (any node), then from every node this process (or
+its parent, before a fork) has seen: a pool process forked after the seed node died
+should still find the cluster (not yet covered by a test; docs/operations.md says so).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ _seen: dict[str, set[tuple[str, int]]] = {}
 _TRANSIENT_TYPED = cast("tuple[type[redis.exceptions.RedisError], ...]", _TRANSIENT)
 
 
-def _rounds(fail_fast: bool) -> Retry:
-    return Retry(backoff(), 0 if fail_fast else RETRIES, supported_errors=_TRANSIENT_TYPED)
+def _rounds(policy: type[Retry] | type[AsyncRetry], fail_fast: bool) -> Any:
+    return policy(backoff(), 0 if fail_fast else RETRIES, supported_errors=_TRANSIENT_TYPED)
 
 
 class SyncCluster(redis.cluster.RedisCluster):
@@ -96,15 +96,14 @@ def _built(make: Callable[..., Any], config: Config, **options: Any) -> Any:
     first = (str(named.get("host", "localhost")), int(named.get("port", 6379)))
     known = [first, *sorted(_seen.get(config.redis_url, set()) - {first})]
     startup = [redis.cluster.ClusterNode(host, port) for host, port in known]
-    last: Exception | None = None
-    for _ in range(2):  # the URL's node and the known ones, then once more
-        try:
-            return make(config.redis_url, startup_nodes=startup, **options)
-        except redis.exceptions.RedisClusterException as exc:
-            if "not enabled" in str(exc):
-                raise  # CLUSTER set for a server that is not a cluster node
-            last = exc
-    raise redis.exceptions.ConnectionError(f"no node of the Redis Cluster answered: {last}")
+    try:
+        return make(config.redis_url, startup_nodes=startup, **options)
+    except redis.exceptions.RedisClusterException as exc:
+        if "not enabled" in str(exc):
+            raise  # CLUSTER set for a server that is not a cluster node
+        raise redis.exceptions.ConnectionError(
+            f"no node of the Redis Cluster answered: {exc}"
+        ) from exc
 
 
 def sync_cluster(config: Config, fail_fast: bool, options: dict[str, Any]) -> redis.Redis:
@@ -112,7 +111,7 @@ def sync_cluster(config: Config, fail_fast: bool, options: dict[str, Any]) -> re
     store client exists on both with the same meaning, and ``keys`` keeps each call in
     one slot."""
     client: Any = _built(SyncCluster.from_url, config, retry=_IN_ROUND, **options)
-    client.rounds = _rounds(fail_fast)
+    client.rounds = _rounds(Retry, fail_fast)
     remember(client, config)
     return client  # type: ignore[no-any-return]
 
@@ -120,8 +119,7 @@ def sync_cluster(config: Config, fail_fast: bool, options: dict[str, Any]) -> re
 def async_cluster(config: Config, fail_fast: bool, options: dict[str, Any]) -> redis.asyncio.Redis:
     """An asyncio cluster client, typed as :func:`sync_cluster`'s is."""
     client: Any = _built(AsyncCluster.from_url, config, retry=_IN_ROUND, **options)
-    retries = 0 if fail_fast else RETRIES
-    client.rounds = AsyncRetry(backoff(), retries, supported_errors=_TRANSIENT_TYPED)
+    client.rounds = _rounds(AsyncRetry, fail_fast)
     return client  # type: ignore[no-any-return]
 
 
