@@ -308,6 +308,8 @@ class CeleryWorker:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
+    # Another checkout's code (a benchmark's "before"): the worker runs from there.
+    cwd: Path | None = None
 
     @property
     def log_path(self) -> Path:
@@ -338,7 +340,7 @@ class CeleryWorker:
         self._log_start = self.log_path.stat().st_size
         self.process = subprocess.Popen(
             args,
-            cwd=REPO_ROOT,
+            cwd=self.cwd or REPO_ROOT,
             env=worker_env(self.redis_url, self.extra_env),
             stdout=self._log,
             stderr=subprocess.STDOUT,

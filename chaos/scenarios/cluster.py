@@ -54,8 +54,10 @@ _FAILED_STEP = re.compile(r"(?:WARNING|ERROR) relier_django\.\w+ (.+?) failed sc
 
 
 def _grace_s(opts: Options) -> float:
-    # As worker-kill's: a worker SIGKILLed between kombu's pop and its record takes the
-    # message along, and only the queued grace brings the task back (an hour by default).
+    # A partitioned store keeps kombu's BRPOP (take.lua cannot name a task's keys in a
+    # partition): a worker SIGKILLed between kombu's pop and its record takes the message
+    # along, and only the queued grace brings the task back (an hour by default;
+    # docs/architecture.md, a pop that leaves a trace).
     return round(10 + opts.tasks * 0.1, 1)
 
 

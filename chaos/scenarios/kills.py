@@ -11,7 +11,7 @@ from testproject.harness import CeleryWorker
 from ..evidence import Evidence
 from ..invariants import Check
 from ..report import recovery_latencies
-from ..runner import Item, Options, Run
+from ..runner import Item, Run
 from . import Scenario
 from .common import (
     busy_worker,
@@ -55,20 +55,14 @@ def worker_kill(run: Run) -> None:
     run.verify(interrupted_checks(hits, planned, kinds))
 
 
-def _grace_s(opts: Options) -> float:
-    # kombu pops a message and records it as unacked in two round trips: a worker
-    # SIGKILLed between them takes the message along, and only the queued grace (an hour
-    # by default) brings the task back (docs/operations.md). Shortened so that path
-    # completes within the run; above the backlog's wait, so healthy queued tasks are
-    # not re-dispatched.
-    return round(10 + opts.tasks * 0.1, 1)
-
-
+# The queued grace keeps its default (an hour): a message a worker takes is marked held
+# by it in the same step (take.lua), so a worker SIGKILLed with a take in flight leaves
+# its task to the death check, not to the grace (docs/architecture.md, a pop that leaves
+# a trace). Before, this scenario shortened the grace to bring such a task back.
 WORKER_KILL = Scenario(
     "worker-kill",
     "random SIGKILLs of pool processes and whole workers; a supervisor restarts them",
     worker_kill,
-    env=lambda opts: {"RELIER_QUEUED_GRACE_S": str(_grace_s(opts))},
 )
 
 

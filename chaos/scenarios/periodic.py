@@ -432,9 +432,9 @@ def _checks(run: Run, ticks: list[int], kills: list[Kill], planned: int, watch: 
 
 
 def _env(opts: Options) -> dict[str, str]:
-    # RELIER_QUEUED_GRACE_S as worker-kill's: a worker SIGKILLed between popping a tick's
-    # message and recording it takes the message along; only the grace brings it back.
-    return {"RELIER_RESURRECT_LEASE_S": LEASE_S, "RELIER_QUEUED_GRACE_S": "10"}
+    # The queued grace at its default: a worker SIGKILLed with a tick's message in hand
+    # has it marked held (take.lua), and the death check brings it back.
+    return {"RELIER_RESURRECT_LEASE_S": LEASE_S}
 
 
 PERIODIC_LEADER_KILL = Scenario(

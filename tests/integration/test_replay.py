@@ -9,11 +9,14 @@ hold the same state (keys, values, counts, history, which keys have a TTL) eithe
 the client's replay is recognised (request tokens, "already mine" answers) instead of
 acting twice.
 
-Two scripts are never replayed by design, because their callers make one attempt:
+Three scripts are never replayed by design, because their callers make one attempt:
 ``admit.lua`` (the standalone admission check, on a pipelined connection without
-retries) and ``ratelimit.lua`` (a view's hit, on a fail-fast client). For them the
-lost reply reaches the caller as a ConnectionError (or the view's documented
-fallback), and the state is that of one call: a unit is never counted twice.
+retries), ``ratelimit.lua`` (a view's hit, on a fail-fast client) and ``take.lua`` (a
+worker's take, on kombu's consuming connection, which never resends a command). For
+them the lost reply reaches the caller as a ConnectionError (or the view's documented
+fallback), and the state is that of one call: a unit is never counted twice, and a
+message taken is marked held by its taker, which is how it comes back (one TTL later,
+since its live taker never refreshes what it never received).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from typing import Any
 import pytest
 import redis
 
+from relier_django.core.broker import publish, transport
+from relier_django.core.broker.marker import MARKER_HEADER
 from relier_django.core.dlq import dead_letter as dlq
 from relier_django.core.dlq import release
 from relier_django.core.dlq.store import DeadLetterStore
@@ -47,7 +52,7 @@ from relier_django.core.store import cancel as store_cancel
 from relier_django.core.store import checkpoint, chords, scripts
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
-from relier_django.core.worker import fencing
+from relier_django.core.worker import fencing, intake
 from relier_django.core.worker.reservations import Reservations
 from testproject.celery import app
 from testproject.demo import tasks
@@ -173,7 +178,8 @@ def commit_chain(cfg: config.Config, client: redis.Redis) -> Any:
     nxt = Envelope(
         id="replay-next", task="demo.step_add", args=(3, 4), created_ms=1, workflow=env.id
     )
-    successor = fencing.Successor(nxt, nxt.encode(), ("replay-queue", "the message"), 60_000, 3)
+    queued = publish.Queued("replay-queue", "the message")  # its list's doorbell is rung too
+    successor = fencing.Successor(nxt, nxt.encode(), queued, 60_000, 3)
     return fencing.commit(_keys(cfg), env, record, 60_000, successor=successor).run(client)
 
 
@@ -353,6 +359,21 @@ def presence(cfg: config.Config, client: redis.Redis) -> Any:
     return client.zcard(_keys(cfg).workers)
 
 
+def take(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _store(cfg, client)
+    message = json.dumps({"body": "", "headers": {"id": env.id, MARKER_HEADER: 1}})
+    client.lpush("celery", message)
+    taker = intake.Intake(cfg, "w1@host:1")
+    bells = [transport.bell_of("celery")]
+    kombus = sync_client(cfg, fail_fast=True)  # one attempt, as kombu's connection makes
+    try:
+        reply = kombus.execute_command(*taker.command(["celery"], bells))
+    except redis.exceptions.NoScriptError as exc:
+        assert taker.failed(exc)
+        reply = kombus.execute_command(*taker.command(["celery"], bells))
+    return taker.taken(reply)
+
+
 def admit(cfg: config.Config, client: redis.Redis) -> Any:
     found = admission.limits(_keys(cfg), cfg, "t", Rate.parse("5/m"))
     return asyncio.run(admission.acheck(found, cfg))
@@ -391,6 +412,7 @@ CASES: dict[str, Case] = {
     "tick_done": Case(tick_done),
     "presence": Case(presence),
     "orphans": Case(orphans),
+    "take": Case(take, replayed=False),
     "admit": Case(admit, replayed=False),
     "ratelimit": Case(ratelimit_, replayed=False),
 }
@@ -534,11 +556,12 @@ def _layouts() -> list[Any]:
     """Every scenario on the plain layout and on a partitioned one (PARTITIONS > 1,
     docs/scaling.md: each key in its partition's slot, the absent keys named in it),
     except chains' and chords', which a partitioned store refuses at push
-    (tests/unit/test_partitions.py)."""
+    (tests/unit/test_partitions.py), and take.lua, which runs on an unpartitioned store
+    only (a worker on a partitioned one takes with kombu's BRPOP)."""
     cases = []
     for name in [*_script_names(), *VARIANTS]:
         cases.append(pytest.param(name, 1, id=f"{name}-plain"))
-        if "chain" not in name and "chord" not in name:
+        if "chain" not in name and "chord" not in name and name != "take":
             cases.append(pytest.param(name, 4, id=f"{name}-partitioned"))
     return cases
 

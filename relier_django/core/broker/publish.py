@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from kombu.entity import Queue
@@ -104,7 +105,25 @@ def send_batch(app: Any, items: Sequence[tuple[Envelope, str]], queue: str) -> b
     return True
 
 
-def message_for_store(app: Any, env: Envelope, encoded: str, store: Any) -> tuple[str, str] | None:
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A message as kombu's Redis transport would queue it: ``LPUSH`` of ``payload``
+    onto ``queue_list`` (its full key), and the list's doorbell rung (``bell``)."""
+
+    queue_list: str
+    payload: str
+
+    @property
+    def bell(self) -> str:
+        return transport.bell_of(self.queue_list)
+
+    @property
+    def keys(self) -> tuple[str, str]:
+        """The list and its doorbell, as a script that queues the message takes them."""
+        return self.queue_list, self.bell
+
+
+def message_for_store(app: Any, env: Envelope, encoded: str, store: Any) -> Queued | None:
     """The broker's list and the message for it, exactly as kombu's Redis transport
     would ``LPUSH`` them, when the broker is that transport on the store's own server
     and database: push.lua then stores and queues the task in one step. Sends nothing.
@@ -138,11 +157,15 @@ def message_for_store(app: Any, env: Envelope, encoded: str, store: Any) -> tupl
             del batch_state.current
     if capture.channel_prefix is None:
         return None
-    if len(capture.commands) != 1 or capture.commands[0][0] != "lpush":
+    pushes = [args for name, args in capture.commands if name == "lpush"]
+    rings = [args for name, args in capture.commands if name == "zadd"]
+    if len(pushes) != 1 or len(pushes) + len(rings) != len(capture.commands):
         return None  # e.g. an expiring queue (PEXPIRE too) or a fanout route
-    queue_list, payload = capture.commands[0][1]
+    queue_list, payload = pushes[0]
+    if any(args[0] != transport.bell_of(str(queue_list)) for args in rings):
+        return None
     # kombu's global_keyprefix is applied by its client when it runs the command.
-    return capture.channel_prefix + str(queue_list), str(payload)
+    return Queued(capture.channel_prefix + str(queue_list), str(payload))
 
 
 class _Capture:
@@ -156,7 +179,7 @@ class _Capture:
 
     def publish(self, channel: Any, message: Any, **kwargs: Any) -> None:
         # Called by kombu inside Celery's publish retry, once the channel exists.
-        if not _colocated(channel, self.store):
+        if not colocated(channel, self.store):
             # Nothing recorded: the caller publishes the usual way, so this one push
             # builds its message twice (and Celery's publish signals fire twice). Only
             # when the URL looked like the store's and the connection is not.
@@ -193,9 +216,9 @@ def _same_address(connection: Any, store: Any) -> bool:
     return all(theirs[f] == ours.get(f, _DEFAULTS[f]) for f in theirs)
 
 
-def _colocated(channel: Any, store: Any) -> bool:
-    """The exact check, on the channel kombu publishes through: its connection
-    parameters are the store's."""
+def colocated(channel: Any, store: Any) -> bool:
+    """The exact check, on a channel kombu publishes or consumes through: its
+    connection parameters are the store's (``store``: the store's redis client)."""
     if type(channel) not in (kombu_redis.Channel, transport.Channel):
         return False
     pool = getattr(store, "connection_pool", None)
@@ -206,9 +229,7 @@ def _colocated(channel: Any, store: Any) -> bool:
     return all(theirs.get(f, d) == ours.get(f, d) for f, d in _DEFAULTS.items())
 
 
-async def amessage_for_store(
-    app: Any, env: Envelope, encoded: str, store: Any
-) -> tuple[str, str] | None:
+async def amessage_for_store(app: Any, env: Envelope, encoded: str, store: Any) -> Queued | None:
     """:func:`message_for_store` for async code: off the loop, since taking a producer
     may connect to the broker."""
     loop = asyncio.get_running_loop()

@@ -20,17 +20,36 @@ other message of the same worker keeps kombu's full ack emulation.
 Its channels also ask the recovery queue first (``RecoveryFirst``): a resurrected task
 never waits behind the backlog of a worker's other queues.
 
+**A pop that leaves a trace.** kombu's worker waits on ``BRPOP`` over its queues. A
+worker SIGKILLed while that command is outstanding leaves it to Redis, which pops the
+next message pushed into a socket the kernel has not closed yet: gone, its task
+covered only by ``QUEUED_GRACE_S``. When the broker is the store's own Redis, a worker
+given a :class:`Taker` (``use_taker``: ``worker/intake.py`` installs one) takes every
+message with ``take.lua`` instead, which pops it and marks its task held by the worker
+in one step; and it waits, when every queue is empty, on the queues' *doorbells*
+(:func:`bell_of`) with ``BZPOPMIN``, which pops only a doorbell. Whoever queues a
+message rings its list's doorbell (this transport's publishes, ``push.lua`` and
+``commit.lua``); a message queued without a ring (another transport's producer, a
+kombu restore) waits at most one ``brpop_timeout`` (1 s), after which the worker asks
+again anyway.
+
 Enable it with ``CELERY_BROKER_TRANSPORT`` (``Transport`` for ``redis://`` brokers,
-``SentinelTransport`` for ``sentinel://``); publishing is kombu's, unchanged.
+``SentinelTransport`` for ``sentinel://``); publishing is kombu's, plus the doorbell.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from queue import Empty
+from typing import Any, Protocol
 
+import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import dumps, loads
 from kombu.utils.scheduling import round_robin_cycle
 
 from ..model import config
@@ -142,12 +161,154 @@ def _recovery_first(channel: Any) -> None:
     channel._queue_cycle = RecoveryFirst(config.current().recovery_queue)
 
 
+_BELL = "\x06\x16bell"  # kombu's separator, then a name no priority level takes
+
+
+def bell_of(queue_list: str) -> str:
+    """The doorbell of one of kombu's queue lists (its full key, global prefix and
+    priority included): a sorted set of at most one member, rung (``ZADD``) whenever a
+    message is queued on the list; a waiting worker pops it (``BZPOPMIN``) and then
+    takes the message with ``take.lua``."""
+    return queue_list + _BELL
+
+
+RING = ("ring", 0)
+"""The doorbell's one member and its score: ringing twice is ringing once."""
+
+
+class Taker(Protocol):
+    """How a channel takes one message (``worker/intake.py``): the command to send on
+    the channel's connection, and its reply read back."""
+
+    def command(self, queue_lists: Sequence[str], bells: Sequence[str]) -> list[Any]:
+        """The command that takes the next message of ``queue_lists`` (full keys, in
+        the order to ask them)."""
+
+    def taken(self, reply: Any) -> tuple[str, str] | None:
+        """``(queue list, message)`` from the command's reply; None when every list
+        was empty."""
+
+    def failed(self, error: redis.exceptions.ResponseError) -> bool:
+        """An error reply to the command: True when the next command mends it (a
+        script Redis no longer has), False to raise it."""
+
+
+_taker_factory: Callable[[Any], Taker | None] | None = None
+
+
+def use_taker(factory: Callable[[Any], Taker | None] | None) -> None:
+    """Install how this process's channels take messages: ``factory(channel)`` gives a
+    channel its :class:`Taker`, or None to keep kombu's ``BRPOP`` (a broker that is not
+    the store's Redis). Called by the worker before it consumes; None uninstalls."""
+    global _taker_factory
+    _taker_factory = factory
+
+
+class _Unset:
+    pass
+
+
+class _Taking:
+    """A channel's :class:`Taker` and what its connection is waiting for."""
+
+    def __init__(self, taker: Taker) -> None:
+        self.taker = taker
+        self.idle = False  # the last take found every queue empty: wait on the doorbells
+        self.pending: str | None = None  # "take" or "bells" while a reply is awaited
+
+
+def _put_ringing(channel: Any, queue: str, message: Any, **kwargs: Any) -> None:
+    """kombu's publish, with the list's doorbell rung in the same round trip. (kombu's
+    client and pipelines add its ``global_keyprefix`` to both keys.)"""
+    key = channel._q_for_pri(queue, channel._get_message_priority(message, reverse=False))
+    ring = (bell_of(key), {RING[0]: RING[1]})
+    batch = kwargs.get("_publish_batch")
+    if batch is not None:
+        kombu_redis.Channel._put(channel, queue, message, **kwargs)
+        batch.add("zadd", *ring)
+        return
+    with channel.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
+        pipe.lpush(key, dumps(message))
+        pipe.zadd(*ring)
+        if channel._expires and queue in channel._expires:
+            for pri in channel.priority_steps:
+                pipe.pexpire(channel._q_for_pri(queue, pri), channel._expires[queue])
+        pipe.execute()
+
+
 class Channel(kombu_redis.Channel):
     QoS = QoS
+    _taking: _Taking | _Unset | None = _Unset()
+    # kombu's, typed here: the connection a command is awaited on, and since when.
+    _in_poll: Any = False
+    _brpop_sent_at: Any = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _recovery_first(self)
+
+    def _taking_now(self) -> _Taking | None:
+        if isinstance(self._taking, _Unset):
+            taker = _taker_factory(self) if _taker_factory is not None else None
+            self._taking = _Taking(taker) if taker is not None else None
+        return self._taking
+
+    def _brpop_start(self, timeout: float | None = None) -> None:
+        taking = self._taking_now()
+        if taking is None:
+            super()._brpop_start(timeout)
+            return
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        prefix = self.global_keyprefix or ""
+        lists = [prefix + self._q_for_pri(queue, pri) for pri in self.priority_steps
+                 for queue in queues]  # fmt: skip
+        bells = [bell_of(queue_list) for queue_list in lists]
+        connection = self.client.connection
+        self._in_poll = connection
+        self._brpop_sent_at = time.monotonic()
+        if taking.idle:
+            taking.pending = "bells"
+            wait = self.brpop_timeout if timeout is None else timeout
+            connection.send_command("BZPOPMIN", *bells, wait or 0)
+        else:
+            taking.pending = "take"
+            connection.send_command(*taking.taker.command(lists, bells))
+
+    def _brpop_read(self, **options: Any) -> bool:
+        taking = self._taking_now()
+        if taking is None or taking.pending is None:
+            return bool(super()._brpop_read(**options))
+        pending, taking.pending = taking.pending, None
+        command = "BZPOPMIN" if pending == "bells" else "EVALSHA"
+        try:
+            try:
+                reply = self.client.parse_response(self.client.connection, command, **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()
+                raise
+            except redis.exceptions.ResponseError as exc:
+                if not taking.taker.failed(exc):
+                    raise
+                raise Empty() from exc
+        finally:
+            self._in_poll = None
+            self._flush_brpop_reauth()
+        if pending == "bells":  # rung, or the wait ran out: ask the queues again
+            taking.idle = False
+            raise Empty()
+        taken = taking.taker.taken(reply)
+        if taken is None:
+            taking.idle = True
+            raise Empty()
+        queue_list, message = taken
+        queue = queue_list[len(self.global_keyprefix or "") :].rsplit(self.sep, 1)[0]
+        self._queue_cycle.rotate(queue)
+        self.connection._deliver(loads(bytes_to_str(message)), queue)
+        return True
+
+    _put = _put_ringing
 
 
 class Transport(kombu_redis.Transport):
@@ -162,6 +323,8 @@ class SentinelChannel(kombu_redis.SentinelChannel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _recovery_first(self)
+
+    _put = _put_ringing
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):

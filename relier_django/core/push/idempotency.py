@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..broker import publish
 from ..model.envelope import Envelope
 from ..model.timing import NOW, Timing
 from ..store import scripts
@@ -44,7 +45,7 @@ def store(
     queued_grace_ms: int,
     max_resurrections: int,
     admission: Sequence[Limit] = (),
-    message: tuple[str, str] | None = None,
+    message: publish.Queued | None = None,
     *,
     token: str | None = None,
     when: Timing = NOW,
@@ -56,10 +57,10 @@ def store(
     "stored". ``when``: a countdown or eta stores the task to wait in the schedule
     index (``StoreResult.scheduled``; nothing is queued), and an expiry with it."""
     idem = keys.idempotency(envelope.task, envelope.idem_key) if envelope.idem_key else None
-    queue_list, payload = message if message is not None else (None, "")
+    queued, payload = (message.keys, message.payload) if message is not None else (None, "")
     return scripts.ScriptCall(
         scripts.PUSH,
-        keys.for_push(envelope.id, idem, [limit.key for limit in admission], queue_list),
+        keys.for_push(envelope.id, idem, [limit.key for limit in admission], queued),
         [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms, max_resurrections,
          *admission_args(admission), payload, token or uuid.uuid4().hex,
          *when.script_args()],

@@ -186,7 +186,7 @@ class _Push:
         record = _record_of(env, position)
         return cls(cfg, spec, env, encoded, KeySpace.of(cfg), when=when, record=record)
 
-    def store(self, message: tuple[str, str] | None) -> ScriptCall[idempotency.StoreResult]:
+    def store(self, message: publish.Queued | None) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
         limit = self.spec.max_resurrections
         limit = self.cfg.max_resurrections if limit is None else limit

@@ -387,17 +387,17 @@ class KeySpace:
         task_id: str,
         idem_key: str | None,
         admission: Sequence[str] = (),
-        queue_list: str | None = None,
+        queue_list: tuple[str, str] | None = None,
     ) -> list[str]:
-        """``queue_list``: the broker's list (kombu's name, not ours) when push.lua queues
-        the message itself."""
+        """``queue_list``: the broker's list and its doorbell (kombu's names, not ours)
+        when push.lua queues the message itself."""
         p = self._with(task_id, idem_key)
         keys = [p.task(task_id), p.history(task_id), p.expiry, p.dlq_entry(task_id),
                 p.result(task_id), p.schedule, p.schedule_wake, *p._counted(),
                 *admission]  # fmt: skip
         if idem_key:
             keys.append(idem_key)
-        return [*keys, queue_list] if queue_list else keys
+        return [*keys, *queue_list] if queue_list else keys
 
     def for_abort(self, task_id: str, idem_key: str | None) -> list[str]:
         p = self._with(task_id, idem_key)
@@ -427,19 +427,33 @@ class KeySpace:
     def for_orphans(self, task_ids: Iterable[str]) -> list[str]:
         return self.for_heartbeat(task_ids)
 
+    def for_take(self, queue_lists: Sequence[str], bells: Sequence[str]) -> list[str]:
+        """take.lua's KEYS: the broker's queue lists and their doorbells (kombu's names,
+        built by the transport), then the expiry index. Unpartitioned stores only: the
+        script names the taken task's hash from the message (:meth:`task_key_parts`)."""
+        if self.tagged:
+            raise ValueError("take.lua runs on an unpartitioned store only")
+        return [*queue_lists, *bells, self.expiry]
+
+    def task_key_parts(self) -> tuple[str, str]:
+        """The task hash key around its id, ``(before, after)``, for take.lua, which
+        learns the id only from the message it takes (unpartitioned stores only)."""
+        before, _, after = self.task("\0").partition("\0")
+        return before, after
+
     def for_commit(
         self,
         task_id: str,
         idem_key: str | None,
         keep_trail: bool = False,
         successor: str | None = None,
-        queue_list: str | None = None,
+        queue_list: tuple[str, str] | None = None,
         chord: str | None = None,
     ) -> list[str]:
         """``successor``: the id of the task this commit creates: a chain's next step,
         or (with ``chord``, the group id) a chord's callback, once the header is
-        complete. ``queue_list``: the broker list its message is pushed to, when the
-        script pushes it."""
+        complete. ``queue_list``: the broker list its message is pushed to and that
+        list's doorbell, when the script pushes it."""
         p = self._with(task_id, idem_key, successor, chord)
         none = p.absent
         keys = [p.task(task_id), p.history(task_id), p.expiry, p.result(task_id),
@@ -447,8 +461,9 @@ class KeySpace:
         if successor is not None:
             trail = p.trail(task_id) if keep_trail else none
             tail = [p.chord(chord)] if chord else []
+            queued = queue_list or (none, none)
             return [*keys, idem_key or none, trail, p.task(successor), p.result(successor),
-                    queue_list or none, *tail]  # fmt: skip
+                    *queued, *tail]  # fmt: skip
         if keep_trail:
             return [*keys, idem_key or none, p.trail(task_id)]
         return [*keys, idem_key] if idem_key else keys

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..broker import publish
 from ..model.envelope import Envelope
 from ..model.transition import Transition, history_tail, parse_transition
 from ..store import chords, scripts
@@ -112,7 +113,7 @@ class Successor:
 
     env: Envelope
     encoded: str
-    message: tuple[str, str] | None
+    message: publish.Queued | None
     grace_ms: int
     max_resurrections: int
     chord: str | None = None
@@ -138,13 +139,13 @@ def commit(
         )
     nxt, message = successor.env, successor.message
     args += [nxt.id, successor.encoded, nxt.task, nxt.queue, successor.grace_ms,
-             successor.max_resurrections, message[1] if message else ""]  # fmt: skip
+             successor.max_resurrections, message.payload if message else ""]  # fmt: skip
     if successor.chord is not None:
         args += [successor.index, successor.result, chords.KEEP_MS]
     return scripts.ScriptCall(
         scripts.COMMIT,
         keys.for_commit(
-            env.id, idem, keep_trail, nxt.id, message[0] if message else None, successor.chord
+            env.id, idem, keep_trail, nxt.id, message.keys if message else None, successor.chord
         ),
         args,
         parse_transition,

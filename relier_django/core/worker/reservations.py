@@ -31,7 +31,7 @@ from ..model.config import Config
 from ..store import liveness, scripts
 from ..store.connection import sync_client
 from ..store.keys import KeySpace
-from . import fencing
+from . import fencing, intake
 
 logger = logging.getLogger("relier_django.reservations")
 
@@ -110,7 +110,8 @@ class Reservations:
         )
 
     def add(self, task_id: str, fence: int) -> None:
-        """Cover a just-received message now (one round trip), then with the rest.
+        """Cover a just-received message now (one round trip, unless ``take.lua``
+        already did as it took it: ``intake``), then with the rest.
 
         Synchronous on purpose: Celery sends ``task_received`` before it hands the
         message to the pool, and acks it (without ``acks_late``) as soon as a pool
@@ -125,6 +126,11 @@ class Reservations:
                 return
             self._held[task_id] = fence
             self._fresh.add(task_id)
+        if intake.takes_here():
+            # take.lua marked it held by this process as it popped it: covered since
+            # before it left its queue. (A copy it did not mark, stale or started
+            # elsewhere, fails its first refresh and is dropped then.)
+            return
         try:
             lost = self._refresh([(task_id, fence)])
         except Exception:

@@ -332,7 +332,7 @@ class Runner:
         return _Commit(record, nxt, nxt.env.encode(self.signer))
 
     def _successor(
-        self, action: _Commit, message: tuple[str, str] | None
+        self, action: _Commit, message: publish.Queued | None
     ) -> fencing.Successor | None:
         following = action.following
         if following is None:

@@ -2,7 +2,8 @@
 
 - ``worker_init``: the worker refuses to start while relier's Redis is unreachable.
 - ``celeryd_after_setup``: the worker consumes the recovery queue, whatever ``-Q``
-  says, so resurrected tasks always find a consumer.
+  says, so resurrected tasks always find a consumer; and takes its messages with
+  ``take.lua`` (``intake``), which marks each task held by it as it pops the message.
 - ``worker_ready``: the embedded resurrector (a scanner thread in the worker's main
   process; passes never block task execution); a message from the recovery queue
   will wait for a free pool process ahead of the prefetched ones (see ``front``).
@@ -42,7 +43,7 @@ from ..recovery.scanner import Scanner
 from ..store import bridge, layout, liveness
 from ..store.connection import describe, sync_client
 from ..store.keys import KeySpace
-from . import fencing, front, timeouts
+from . import fencing, front, intake, timeouts
 from .reservations import Reservations, fence_of, waiting_request_ids
 from .runner import Runner
 
@@ -127,9 +128,11 @@ def _startup_config() -> config.Config:
 def _on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
     global _hostname
     _hostname = sender  # Celery's node name, for the pool processes forked after this
-    queue = config.current().recovery_queue
+    cfg = config.current()
+    queue = cfg.recovery_queue
     instance.app.amqp.queues.select_add(publish.declare(instance.app, queue))
     logger.info("consuming the recovery queue %s", queue)
+    intake.install(cfg, worker_id(sender))  # before the consumer takes its first message
     logger.info("relier's Redis: %s", describe(config.current()))  # passwords redacted
 
 

@@ -18,15 +18,17 @@
 -- no moment when a step is done and its successor does not exist), given:
 -- KEYS[9]  the successor's task hash   KEYS[10] the successor's result key
 -- KEYS[11] the broker's queue list ('' without ARGV[11])
+-- KEYS[12] that list's doorbell (transport.bell_of: rung as the message is queued, to
+--          wake a worker waiting on it), '' without ARGV[11]
 --          (KEYS[7] and KEYS[8] are then '' when unused)
--- KEYS[12] a chord member's commit: the chord's state hash (keys.chord)
+-- KEYS[13] a chord member's commit: the chord's state hash (keys.chord)
 -- ARGV[5]  successor id   ARGV[6] its envelope (fence 1)   ARGV[7] its task name
 -- ARGV[8]  its queue   ARGV[9] queued grace, ms   ARGV[10] its max resurrections
 -- ARGV[11] '' or its broker message, as kombu's Redis transport would LPUSH it (the
 --          caller publishes when ''; the queued grace covers a publish that is lost)
--- ARGV[12] with KEYS[12]: this member's index in the header; ARGV[13] its result, JSON;
+-- ARGV[12] with KEYS[13]: this member's index in the header; ARGV[13] its result, JSON;
 --          ARGV[14] how long the chord's state is kept, ms
--- A chain's successor (no KEYS[12]) is always created. A chord's callback is created by
+-- A chain's successor (no KEYS[13]) is always created. A chord's callback is created by
 -- the commit that completes the header: this member's result is recorded under its
 -- index (once: a member commits once, whatever its redeliveries), and when the header
 -- size is known ('size', written by the producer before the last member is pushed) and
@@ -50,8 +52,8 @@ if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
   if not fields[1] and redis.call('GET', KEYS[4]) == ARGV[3] then
     -- A replay: whether the first call created the successor is still readable.
     local created = 0
-    if ARGV[5] and KEYS[12] then
-      created = redis.call('HGET', KEYS[12], 'fired') == id and 1 or 0
+    if ARGV[5] and KEYS[13] then
+      created = redis.call('HGET', KEYS[13], 'fired') == id and 1 or 0
     elseif ARGV[5] then
       created = (redis.call('EXISTS', KEYS[9]) + redis.call('EXISTS', KEYS[10]) > 0) and 1 or 0
     end
@@ -80,8 +82,8 @@ end
 redis.call('ZREM', KEYS[3], id)
 local next_id = ARGV[5]
 local created = 0
-if next_id and KEYS[12] then
-  local chord = KEYS[12]
+if next_id and KEYS[13] then
+  local chord = KEYS[13]
   redis.call('HSET', chord, 'r:' .. ARGV[12], ARGV[13])
   redis.call('PEXPIRE', chord, tonumber(ARGV[14]))
   local meta = redis.call('HMGET', chord, 'size', 'fired')
@@ -100,6 +102,7 @@ if next_id and redis.call('EXISTS', KEYS[9]) == 0 and redis.call('EXISTS', KEYS[
   redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[9]), next_id)
   if ARGV[11] ~= '' then
     redis.call('LPUSH', KEYS[11], ARGV[11])
+    redis.call('ZADD', KEYS[12], 0, 'ring')
   end
   metric_count(KEYS[5], 'pushed')
   created = 1

@@ -13,7 +13,9 @@
 -- KEYS[9]  metrics windows <p>:m:w (unused here; every counting script takes both)
 -- KEYS[10..9+n]  admission counters (n = ARGV[7]; global, per task), see _admission.lua
 -- KEYS[10+n]     idempotency key <p>:i:<task>:<sha256>   (only for idempotent tasks)
--- KEYS[#KEYS]   the broker's queue list (only with ARGV[8+2n]; kombu's Redis transport)
+-- KEYS[#KEYS-1] the broker's queue list (only with ARGV[8+2n]; kombu's Redis transport)
+-- KEYS[#KEYS]   that list's doorbell (transport.bell_of; only with ARGV[8+2n]): rung as
+--                the message is queued, to wake a worker waiting on the list
 -- ARGV[1]  task id
 -- ARGV[2]  envelope, canonical JSON, fence 1
 -- ARGV[3]  task name
@@ -64,10 +66,10 @@ local pusher = 'push:' .. ARGV[9 + 2 * n]
 local countdown, eta = tonumber(ARGV[10 + 2 * n] or ''), tonumber(ARGV[11 + 2 * n] or '')
 local expires_in, expires_at = tonumber(ARGV[12 + 2 * n] or ''), tonumber(ARGV[13 + 2 * n] or '')
 local last = #KEYS
-local queue_list
+local queue_list, bell
 if message and message ~= '' then
-  queue_list = KEYS[last]
-  last = last - 1
+  queue_list, bell = KEYS[last - 1], KEYS[last]
+  last = last - 2
 end
 local idem
 if last >= 10 + n then
@@ -133,5 +135,6 @@ end
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[5]), id)
 if queue_list then
   redis.call('LPUSH', queue_list, message)
+  redis.call('ZADD', bell, 0, 'ring')
 end
 return {1, id, 0}

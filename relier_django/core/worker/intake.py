@@ -1,0 +1,109 @@
+"""How a worker's main process takes its messages: ``take.lua`` pops the next one and
+marks its task held by the worker in the same step (G15: a pop that leaves a trace).
+
+kombu's worker waits on ``BRPOP`` over its queues. When the worker is SIGKILLed with
+that command outstanding, Redis can pop the next message into the dead socket: its
+task, stored but marked by no one, then waited ``QUEUED_GRACE_S`` (an hour). Taken by
+``take.lua`` instead, a relier message leaves its queue only with its task marked held
+by the taker and due within one heartbeat TTL: a taker found dead by its closed
+connection has that task handed off by the scanner in the same pass as the tasks it
+was running (``recovery/deaths.py``), about a second after its death.
+
+The worker's own books (``reservations.py``) then need no round trip of their own for
+a message taken this way: its registration happened in the take. What is left to
+kombu: the wait itself, on the queues' doorbells (``broker/transport.py``), and every
+message that is not relier's, which keeps kombu's own handling.
+
+Applies when the broker is kombu's Redis transport on the store's own server and
+database (``publish.colocated``) and the store is not partitioned (the script names
+the task's hash from the message). Elsewhere the worker keeps kombu's ``BRPOP``:
+RabbitMQ gives a dead consumer's unacknowledged messages back at once; a separate
+Redis broker keeps the window, covered by ``QUEUED_GRACE_S`` (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from ..broker import publish, transport
+from ..broker.marker import MARKER_HEADER
+from ..model.config import Config
+from ..store import liveness, scripts
+from ..store.connection import sync_client
+from ..store.keys import KeySpace
+
+logger = logging.getLogger("relier_django.worker")
+
+_takes_here = False  # a channel of this process takes with take.lua
+
+
+def takes_here() -> bool:
+    """Whether this process takes its messages with ``take.lua`` (each relier message
+    it receives is already marked held by it)."""
+    return _takes_here
+
+
+class Intake:
+    """``take.lua`` for one kombu channel: the command, and its reply read back."""
+
+    def __init__(self, config: Config, worker: str) -> None:
+        self.keys = KeySpace.of(config)
+        self.worker = worker
+        self.ttl_ms = int(config.heartbeat_ttl_s * 1000)
+        self.before, self.after = self.keys.task_key_parts()
+        self._load = False  # Redis lost the script (a restart, SCRIPT FLUSH): send it
+
+    def command(self, queue_lists: Sequence[str], bells: Sequence[str]) -> list[Any]:
+        keys = self.keys.for_take(queue_lists, bells)
+        args = [len(queue_lists), self.worker, self.ttl_ms, self.before, self.after,
+                MARKER_HEADER]  # fmt: skip
+        if self._load:
+            return ["EVAL", scripts.TAKE.source, len(keys), *keys, *args]
+        return ["EVALSHA", scripts.TAKE.sha, len(keys), *keys, *args]
+
+    def taken(self, reply: Any) -> tuple[str, str] | None:
+        self._load = False
+        if not reply:
+            return None
+        queue_list, message, _held = reply
+        return _text(queue_list), _text(message)
+
+    def failed(self, error: redis.exceptions.ResponseError) -> bool:
+        if isinstance(error, redis.exceptions.NoScriptError) or "NOSCRIPT" in str(error):
+            self._load = True
+            return True
+        return False
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def install(config: Config, worker: str) -> None:
+    """Make this worker process take its messages with ``take.lua`` wherever its
+    broker channel is the store's own Redis. Opens the process's liveness connection
+    first, so that a task it marks held is always that of a process the scanners can
+    find dead. Called in the main process before it consumes (``celeryd_after_setup``)."""
+    keys = KeySpace.of(config)
+    if keys.tagged:
+        logger.info("messages are taken with BRPOP: the store is partitioned")
+        transport.use_taker(None)
+        return
+    liveness.hold(config, worker)
+
+    def factory(channel: Any) -> Intake | None:
+        global _takes_here
+        if not publish.colocated(channel, sync_client(config)):
+            logger.info(
+                "messages are taken with BRPOP: the broker is not the store's Redis, so a "
+                "worker killed with a pop outstanding leaves its message to QUEUED_GRACE_S"
+            )
+            return None
+        _takes_here = True
+        return Intake(config, worker)
+
+    transport.use_taker(factory)

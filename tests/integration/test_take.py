@@ -1,0 +1,187 @@
+"""take.lua and the transport's doorbells (G15: a pop that leaves a trace), on a real
+Redis with kombu's real consumer.
+
+A message leaves its queue only with its task marked held by the taker and due within
+one heartbeat TTL; a worker waiting for work pops only doorbells. The whole-worker
+SIGKILL this closes is in tests/chaos/test_pop_trace.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+from relier_django.core.broker import transport
+from relier_django.core.broker.marker import MARKER_HEADER
+from relier_django.core.model import config
+from relier_django.core.push import idempotency, producer
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.worker import intake
+from relier_django.transport import Transport
+from testproject.celery import app
+from testproject.demo import tasks
+
+KEYS = KeySpace("rl")
+WORKER = "taker@host:1"
+QUEUE = Queue("tq", Exchange("tq", type="direct"), routing_key="tq")
+
+
+@pytest.fixture
+def connection(redis_server, redis_client) -> Iterator[Connection]:
+    conn = Connection(redis_server.url, transport=Transport)
+    try:
+        yield conn
+    finally:
+        conn.release()
+
+
+@pytest.fixture
+def store(redis_client):  # type: ignore[no-untyped-def]
+    """The store's own client (decoded replies), on the flushed private server."""
+    return sync_client(config.current())
+
+
+@pytest.fixture
+def taking(redis_client) -> Iterator[None]:
+    """This process's channels take with take.lua, as a worker's do."""
+    intake.install(config.current(), WORKER)
+    try:
+        yield
+    finally:
+        transport.use_taker(None)
+
+
+def _stored(label: str, queue: str = "tq") -> str:
+    """A task stored 'queued' at fence 1 (push.lua), its message not sent."""
+    env = producer.prepare(tasks.record.relier_spec, (label,), {}, queue=queue)
+    client = sync_client(config.current())
+    assert idempotency.store(KEYS, env, env.encode(), 3_600_000, 3).run(client).stored
+    return env.id
+
+
+def _publish(conn: Connection, task_id: str, fence: int | None) -> None:
+    # Celery's message protocol 2 names the task id in the headers.
+    headers = {"id": task_id, **({MARKER_HEADER: fence} if fence is not None else {})}
+    Producer(conn.default_channel).publish(
+        "x", exchange=QUEUE.exchange, routing_key="tq", declare=[QUEUE], headers=headers
+    )
+
+
+def _take(client, lists: list[str], worker: str = WORKER):  # type: ignore[no-untyped-def]
+    taker = intake.Intake(config.current(), worker)
+    bells = [transport.bell_of(name) for name in lists]
+    try:
+        reply = client.execute_command(*taker.command(lists, bells))
+    except redis.exceptions.NoScriptError as exc:  # as the channel does: EVAL once
+        assert taker.failed(exc)
+        reply = client.execute_command(*taker.command(lists, bells))
+    return taker.taken(reply)
+
+
+def test_a_taken_message_marks_its_task_held_by_the_taker_in_the_same_step(connection, store):
+    task_id = _stored("t1")
+    _publish(connection, task_id, fence=1)
+    before = store.zscore(KEYS.expiry, task_id)
+    taken = _take(store, ["tq"])
+    assert taken is not None and taken[0] == "tq"
+    assert store.llen("tq") == 0
+    assert store.hget(KEYS.task(task_id), "worker") == WORKER
+    # Due within one heartbeat TTL, no longer the queued grace's hour.
+    ttl_ms = config.current().heartbeat_ttl_s * 1000
+    assert store.zscore(KEYS.expiry, task_id) < before - 3_000_000
+    assert store.zscore(KEYS.expiry, task_id) <= time.time() * 1000 + ttl_ms + 1000
+
+
+def test_a_stale_copy_or_a_message_not_relier_s_is_taken_and_marks_nothing(connection, store):
+    task_id = _stored("t2")
+    _publish(connection, task_id, fence=7)  # not the task's fence: a stale copy
+    _publish(connection, "plain-1", fence=None)  # no marker: kombu's own message
+    assert _take(store, ["tq"]) is not None
+    assert _take(store, ["tq"]) is not None
+    assert _take(store, ["tq"]) is None  # empty: false, nothing popped
+    assert store.hget(KEYS.task(task_id), "worker") is None
+    assert store.exists(KEYS.task("plain-1")) == 0
+
+
+def test_take_asks_the_lists_in_order_and_rings_again_while_messages_wait(connection, store):
+    store.lpush("low", "a", "b")
+    store.lpush("high", "c")
+    assert _take(store, ["high", "low"]) == ("high", "c")
+    assert store.exists(transport.bell_of("high")) == 0  # nothing left there
+    assert _take(store, ["high", "low"]) == ("low", "a")
+    # "b" still waits: the doorbell is rung for another waiting worker.
+    assert store.zrange(transport.bell_of("low"), 0, -1) == [transport.RING[0]]
+
+
+def test_of_many_takers_at_once_each_message_is_taken_once_and_marked_by_its_taker(
+    connection, store
+):
+    ids = [_stored(f"race-{i}") for i in range(60)]
+    for task_id in ids:
+        _publish(connection, task_id, fence=1)
+    got: dict[str, list[str]] = {f"w{i}@host:{i}": [] for i in range(6)}
+
+    def drain(worker: str) -> None:
+        client = sync_client(config.current())
+        while (taken := _take(client, ["tq"], worker)) is not None:
+            got[worker].append(taken[1])
+
+    threads = [threading.Thread(target=drain, args=(w,)) for w in got]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    taken_ids = [store.hget(KEYS.task(task_id), "worker") for task_id in ids]
+    assert sum(len(v) for v in got.values()) == 60  # each message once
+    assert sorted(taken_ids) == sorted(
+        worker for worker, messages in got.items() for _ in messages
+    )  # each task marked by the worker that took its message
+
+
+def test_a_consumer_takes_with_take_lua_and_sleeps_on_the_doorbells(connection, store, taking):
+    """kombu's real consumer, given a taker: idle, it waits on the doorbells (a publish
+    through this transport rings one); each message it gets was marked held by it."""
+    channel = connection.channel()
+    got: list = []
+    consumer = Consumer(channel, [QUEUE], callbacks=[lambda body, m: got.append(m)])
+    consumer.consume()
+    with pytest.raises(TimeoutError):  # nothing queued: the wait pops nothing
+        connection.drain_events(timeout=1.5)
+    task_id = _stored("t3")
+    _publish(connection, task_id, fence=1)
+    while not got:
+        connection.drain_events(timeout=5)
+    assert got[0].headers["id"] == task_id
+    assert store.hget(KEYS.task(task_id), "worker") == WORKER
+    assert intake.takes_here()
+    consumer.cancel()
+
+
+def test_every_way_a_message_is_queued_rings_its_doorbell(connection, store):
+    """A waiting worker wakes as soon as a message is queued, whoever queued it: a
+    publish through this transport, push.lua (the store's own Redis), commit.lua's
+    successor (tests/integration/test_chain.py runs it with real workers)."""
+    _publish(connection, "plain-2", fence=None)
+    assert store.zcard(transport.bell_of("tq")) == 1
+    store.delete(transport.bell_of("celery"))
+    receipt = tasks.record.push("rung")
+    assert store.llen("celery") == 1, "push.lua queued the message itself"
+    assert store.zcard(transport.bell_of("celery")) == 1
+    assert receipt.task_id
+
+
+def test_a_worker_takes_its_messages_with_take_lua(worker_factory, store):
+    from relier_django.core.store import scripts
+
+    store.script_flush()
+    worker_factory()
+    receipt = tasks.record.push("by-a-worker")
+    assert receipt.get(timeout=30)["label"] == "by-a-worker"
+    assert store.script_exists(scripts.TAKE.sha) == [True]
+    assert app.conf.broker_url == config.current().redis_url
