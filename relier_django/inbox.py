@@ -3,7 +3,9 @@ resurrections and zombies (docs/transactions.md).
 
 A unit of work (a whole ``@rl_task(atomic=True)`` body, or the block of a
 ``with once(ctx) as unit:``) runs inside ``transaction.atomic()`` together with a row
-of ``relier_inbox`` keyed by the task id and the unit's name, holding its result. The
+of ``relier_inbox`` keyed by the task's identity (its id and its push's token:
+``Envelope.identity``) and the unit's name, holding its result. A later task pushed
+under the same caller-chosen id is another task: it finds no row of the earlier one. The
 row's primary key is the fence inside the database: of all the incarnations that run
 the unit, the database lets exactly one transaction that inserts it commit. Another
 one, a zombie that resumes after its successor committed or a successor that ran
@@ -50,7 +52,9 @@ class Unit:
         if not isinstance(ctx, TaskContext):
             raise TypeError(f"once() takes the task's TaskContext, got {ctx!r}")
         self.ctx, self.using, self.part = ctx, using or DEFAULT_DB_ALIAS, part
-        self.key = f"{ctx.task_id}:{part}"
+        # The task's identity, not its id alone: a caller-chosen id can be pushed again
+        # once its outcome has expired (RESULT_TTL_S), while its rows live INBOX_KEEP_S.
+        self.key = f"{ctx.identity or ctx.task_id}:{part}"
         self.done = False
         self.result: Any = None
         self.fence: int | None = None

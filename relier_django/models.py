@@ -73,7 +73,9 @@ class InboxEntry(models.Model):
     the work is committed exactly when this row is. Its primary key makes the database
     itself refuse a second commit of the same work, whichever incarnation tries."""
 
-    # "<task id>:<part>" ("<task id>:" for a whole atomic task): one per unit of work.
+    # "<task identity>:<part>" ("<identity>:" for a whole atomic task): one per unit of
+    # work. The identity is "<task id>~<push token>" (Envelope.identity; "<task id>"
+    # for a task pushed by a release without push tokens).
     key = models.CharField(max_length=200, primary_key=True)
     fence = models.BigIntegerField()
     result = models.TextField()  # the unit's result, JSON

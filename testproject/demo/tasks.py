@@ -641,6 +641,15 @@ def step_add(ctx: TaskContext, x: int, y: int = 0, sleep_s: float = 0.0) -> int:
     return x + y
 
 
+@rl_task(name="demo.step_once", idempotent=True)
+def step_once(ctx: TaskContext, x: int, y: int = 0) -> int:
+    """An idempotent ``step_add``: pushed alone, N pushes of one (x, y) run once; as a
+    workflow's member it runs under the id its workflow froze (docs/workflows.md)."""
+    _record(f"step:{ctx.task_id}", ctx)
+    _redis().rpush(f"demo:once:{x}:{y}", ctx.task_id)
+    return x + y
+
+
 @rl_task(name="demo.step_sum")
 def step_sum(ctx: TaskContext, values: list[int], start: int = 0) -> int:
     """A chord callback: ``start + sum(values)``, recorded as ``demo.step_add`` records."""

@@ -67,8 +67,9 @@ def bookings(db, label: str) -> list[int]:
 
 def inbox(db, task_id: str) -> tuple[int, object]:
     """The fence and result the task's inbox row recorded (the one unit of a whole task)."""
+    # Keyed by the task's identity: its id, "~", its push's token (Envelope.identity).
     ((fence, result),) = db.query(
-        "SELECT fence, result FROM relier_inbox WHERE key = %s", [f"{task_id}:"]
+        "SELECT fence, result FROM relier_inbox WHERE key LIKE %s", [f"{task_id}~%:"]
     )
     return fence, json.loads(result)
 
@@ -263,7 +264,7 @@ def test_under_random_kills_and_zombies_every_booking_is_written_exactly_once(
     assert len(rows) == count and sorted(label for label, _ in rows) == sorted(labels)
     fences = dict(rows)
     entries = {
-        key.removesuffix(":"): (fence, json.loads(result))
+        key.removesuffix(":").split("~")[0]: (fence, json.loads(result))
         for key, fence, result in shared_db.query("SELECT key, fence, result FROM relier_inbox")
     }
     assert len(entries) == count

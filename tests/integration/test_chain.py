@@ -112,6 +112,50 @@ def test_a_group_of_chains_runs_every_chain_once(worker, redis_client):
     assert [relier_django.result(r.id).get(timeout=30) for r in result.results] == [3, 4, 5]
 
 
+def test_an_idempotent_chain_head_whose_key_is_claimed_still_runs_the_whole_chain(
+    worker, redis_client
+):
+    """Deduplicated onto the earlier push, the head would never run under the id the
+    chain froze for it, and its rest (carried in its envelope) would never be created
+    (issue 35). A workflow's member claims no key: it runs under its frozen id."""
+    once = tasks.step_once
+    alone = once.push(5, 1)
+    assert alone.get(timeout=30) == 6
+    result = chain(once.s(5, 1), tasks.step_add.s(1)).apply_async()
+    assert relier_django.result(result.id).get(timeout=30) == 7
+    head = result.parent.id
+    assert redis_client.lrange("demo:once:5:1", 0, -1) == [alone.task_id.encode(), head.encode()]
+
+
+def test_idempotent_group_members_with_one_key_each_run_under_their_own_ids(worker, redis_client):
+    """Two members with one key, and a key already claimed by a push still running:
+    every member's frozen id gets its result (group.get() would otherwise hang)."""
+    once = tasks.step_once
+    held = once.push(3, 0)  # claims the key; its result is cached once it commits
+    result = group(once.s(3, 0), once.s(3, 0), once.s(4, 0)).apply_async()
+    assert [relier_django.result(r.id).get(timeout=30) for r in result.results] == [3, 3, 4]
+    assert held.get(timeout=30) == 3
+    assert redis_client.llen("demo:once:3:0") == 3  # the push and both members
+
+
+def test_a_cancelled_step_files_the_rest_of_its_chain_in_the_dlq_and_release_resumes_it(
+    worker, redis_client
+):
+    """Removed, a cancelled step would end its chain without a trace: its envelope carries
+    the rest (issue 35). It is filed in the DLQ, reason cancelled, with the rest."""
+    add = tasks.step_add
+    result = chain(add.s(1, 1).set(countdown=60), add.s(1), add.s(1)).apply_async()
+    head = result.parent.parent.id
+    assert relier_django.cancel(head) is relier_django.Cancelled.BEFORE_START
+    entry = dlq.store().get(head)
+    assert entry is not None and entry.reason == "cancelled"
+    assert [step["id"] for step in entry.envelope["chain"]] == [result.parent.id, result.id]
+    assert relier_django.result(head).status == "REVOKED"
+    dlq.release_entry(head)
+    assert relier_django.result(result.id).get(timeout=30) == 4
+    assert dlq.store().get(head) is None
+
+
 def test_link_is_refused_by_name(redis_client):
     with pytest.raises(TypeError, match="canvas"):
         tasks.step_add.apply_async((1, 2), link=tasks.step_add.s(0))

@@ -160,3 +160,78 @@ def test_of_members_committing_at_once_exactly_one_creates_the_callback(redis_cl
     assert redis_client.hget(keys.task("the-callback"), "state") == b"queued"
     assert redis_client.zscore(keys.of_task("the-callback").expiry, "the-callback") is not None
     assert chords.header_results(client, keys, "group") == [i * 10 for i in range(n)]
+
+
+def test_an_idempotent_member_whose_key_is_claimed_still_fills_its_place_in_the_header(
+    relier_backend, worker, redis_client
+):
+    """Deduplicated, a member recorded nothing in the chord's state and the callback was
+    never created (issue 35): by an earlier member of the same header, or by a push
+    made before. A member claims no key: each runs under its frozen id."""
+    once = tasks.step_once
+    assert once.push(1, 10).get(timeout=30) == 11  # the key (1, 10) is claimed, cached
+    result = chord([once.s(1, 10), once.s(1, 10), once.s(2, 10)])(tasks.step_sum.s(0))
+    assert relier_django.result(result.id).get(timeout=30) == 11 + 11 + 12
+    assert received(redis_client, result.id) == [[11, 11, 12]]
+    assert redis_client.llen("demo:once:1:10") == 3
+
+
+def test_a_cancelled_member_holds_the_callback_in_the_dlq_until_released(
+    relier_backend, worker, redis_client
+):
+    """Cancelled before it started, a member was removed and the chord ended without a
+    trace (issue 35). It is filed in the DLQ, reason cancelled, holding the callback;
+    released, it completes the header and the callback runs once."""
+    header = [tasks.step_add.s(1, 10), tasks.step_add.s(2, 10).set(countdown=60)]
+    result = chord(header)(tasks.step_sum.s(0))
+    late = result.parent.results[1].id
+    assert relier_django.cancel(late) is relier_django.Cancelled.BEFORE_START
+    entry = dlq.store().get(late)
+    assert entry is not None and entry.reason == "cancelled"
+    wait_until(lambda: runs(redis_client, result.parent.results[0].id) == 1, 30)
+    assert redis_client.exists(KEYS.task(result.id)) == 0  # the callback waits
+    dlq.release_entry(late)
+    assert relier_django.result(result.id).get(timeout=30) == 11 + 12
+    assert runs(redis_client, result.id) == 1
+
+
+def _weeks_pass(client, key: str) -> None:  # type: ignore[no-untyped-def]
+    """As KEEP_MS (7 days) running out would: a key with any TTL is gone."""
+    if client.pttl(key) > 0:
+        client.delete(key)
+
+
+def test_a_member_released_weeks_later_still_completes_the_header_once(
+    relier_backend, worker, redis_client
+):
+    """The chord's state expired 7 days after its last write, so a member released later
+    committed and the callback was never created (issue 35). Once every member is
+    stored, the state has no TTL: it lives until the callback commits."""
+    redis_client.set("demo:broken:8", 1)
+    header = [tasks.step_add.s(1, 1), tasks.step_add.s(1, 8)]
+    result = chord(header)(tasks.step_sum.s(0))
+    broken = result.parent.results[1].id
+    wait_until(lambda: dlq.store().get(broken), 30, what="the broken member in the DLQ")
+    state = KEYS.chord(result.parent.id)
+    assert redis_client.pttl(state) == -1  # sealed: no TTL
+    _weeks_pass(redis_client, state)
+    redis_client.delete("demo:broken:8")
+    dlq.release_entry(broken)
+    assert relier_django.result(result.id).get(timeout=30) == 2 + 9
+    assert not redis_client.exists(state)  # dropped by the callback's commit
+
+
+def test_deleting_a_members_entry_gives_its_chords_state_a_ttl_back(
+    relier_backend, worker, redis_client
+):
+    """The chord can no longer complete: its sealed state would otherwise stay for ever
+    (G7); it goes KEEP_MS after the delete, as an abandoned header's always did."""
+    redis_client.set("demo:broken:9", 1)
+    result = chord([tasks.step_add.s(1, 1), tasks.step_add.s(1, 9)])(tasks.step_sum.s(0))
+    broken = result.parent.results[1].id
+    wait_until(lambda: dlq.store().get(broken), 30, what="the broken member in the DLQ")
+    state = KEYS.chord(result.parent.id)
+    wait_until(lambda: redis_client.hlen(state) >= 2, 30, what="the other member's result")
+    assert redis_client.pttl(state) == -1
+    assert dlq.store().delete([broken]) == [broken]
+    assert 0 < redis_client.pttl(state) <= 7 * 24 * 3600 * 1000

@@ -291,6 +291,36 @@ def test_the_idempotency_key_is_the_same_for_every_incarnation_of_a_task():
     assert incarnation(1, task_id="f" * 32).idempotency_key != incarnation(1).idempotency_key
 
 
+def pushed(fence: int, push: str) -> TaskContext:
+    """An incarnation of the task pushed under ``TASK_ID`` with push token ``push``."""
+    ctx = incarnation(fence)
+    ctx.identity = f"{TASK_ID}~{push}"
+    return ctx
+
+
+def test_a_later_task_under_a_reused_id_shares_no_key_with_the_earlier_one():
+    """A caller-chosen id can be pushed again once its outcome expired (RESULT_TTL_S):
+    the later task is another task, whose external idempotency key differs."""
+    assert pushed(1, "a" * 16).idempotency_key == pushed(3, "a" * 16).idempotency_key
+    assert pushed(1, "a" * 16).idempotency_key != pushed(1, "b" * 16).idempotency_key
+
+
+@COMMITS
+@ALIASES
+def test_a_later_task_under_a_reused_id_runs_its_unit_though_the_earlier_one_s_row_is_kept(
+    alias,
+):
+    """The inbox keeps its rows INBOX_KEEP_S (7 days); push.lua frees an id after
+    RESULT_TTL_S (1 day). Keyed by the id alone, the later task found the earlier one's
+    row, skipped its body and reported the earlier result (issue 35)."""
+    first = book(alias, pushed(1, "a" * 16), "invoice-1")
+    later = book(alias, pushed(1, "b" * 16), "invoice-1-again")
+    assert first.result == {"label": "invoice-1", "fence": 1}
+    assert later.result == {"label": "invoice-1-again", "fence": 1}
+    assert bookings(alias, "invoice-1-again") == [1]
+    assert sorted(entries(alias)) == [f"{TASK_ID}~{'a' * 16}:", f"{TASK_ID}~{'b' * 16}:"]
+
+
 def test_atomic_on_an_async_task_is_refused():
     async def body(ctx):
         return None

@@ -22,6 +22,7 @@ since its live taker never refreshes what it never received).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import re
@@ -353,6 +354,14 @@ def cancel(cfg: config.Config, client: redis.Redis) -> Any:
     return store_cancel.cancel(cfg, env.id)
 
 
+def cancel_member(cfg: config.Config, client: redis.Redis) -> Any:
+    # A chain's first step: filed in the DLQ with the rest of its chain, not removed.
+    rest = ({"task": "demo.step_add", "id": "replay-next", "args": [1]},)
+    env = dataclasses.replace(_env(cfg), chain=rest, workflow=TASK_ID)
+    assert idempotency.store(_keys(cfg), env, env.encode(), 60_000, 3).run(client).stored
+    return store_cancel.cancel(cfg, env.id)
+
+
 def presence(cfg: config.Config, client: redis.Redis) -> Any:
     held = Reservations(cfg, worker="host-1:42")
     held.announce(alive=True)
@@ -423,6 +432,7 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "commit+trail": ("commit", Case(commit_trail)),
     "commit+chain": ("commit", Case(commit_chain)),
     "commit+chord": ("commit", Case(commit_chord)),
+    "cancel+member": ("cancel", Case(cancel_member)),
 }
 
 

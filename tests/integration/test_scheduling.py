@@ -151,6 +151,29 @@ def test_cancel_fences_off_a_running_task_which_cannot_commit(worker, redis_clie
     assert "stale commit rejected task_id=" + receipt.task_id in worker.log_text()
 
 
+@pytest.mark.parametrize(("held_as", "expected"), [("running", 2), ("queued", 1)])
+def test_cancel_of_a_task_a_draining_worker_handed_off_says_whether_its_body_may_run(
+    redis_client, held_as, expected
+):
+    """A worker's drain timeout hands a running task off (handoff.lua) while its body
+    still runs in the stopping worker: cancel() says it fenced off a run, not that the
+    task never started (issue 35). A reserved task handed off never started."""
+    from relier_django import Cancelled, cancel
+    from relier_django.core.push import producer
+    from relier_django.core.worker import fencing
+
+    cfg, client = config.current(), sync_client(config.current())
+    env = producer.prepare(tasks.sync_record.relier_spec, ("drained",), {})
+    keys = KeySpace.of(cfg)
+    producer._Push(cfg, tasks.sync_record.relier_spec, env, env.encode(), keys).store(None).run(
+        client
+    )
+    if held_as == "running":
+        assert fencing.start(keys, env, "w1@host:1", 30_000).run(client).started
+    assert fencing.handoff(keys, [(env.id, 1)], state=held_as, cause="drain").run(client) == 1
+    assert cancel(env.id) is Cancelled(expected)
+
+
 def test_a_dead_leaders_due_task_is_dispatched_by_another_scanner_within_a_pass(
     worker_factory, redis_client
 ):

@@ -8,66 +8,24 @@ release is ``release``.
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..model import events, outcome
-from ..model.envelope import Envelope, canonical
-from ..model.failure import Failure
+from ..model.envelope import Envelope
+from ..model.failure import Failure, entry_json
 from ..model.signing import Signer
 from ..model.transition import Transition, history_tail, parse_transition
 from ..store import scripts
 from ..store.keys import KeySpace
-
-SUMMARY_CHARS = 200
-
-
-def _entry(
-    task_id: str,
-    entry_id: str,
-    failure: Failure,
-    env: Envelope | None,
-    raw: object,
-    signer: Signer | None,
-) -> str:
-    body: dict[str, Any] = {
-        "id": entry_id,
-        "task_id": task_id,
-        "reason": str(failure.reason),
-        "exc_type": failure.exc_type,
-        "exc_message": failure.exc_message,
-        "traceback": failure.traceback,
-        "worker": failure.worker,
-        **failure.extra,
-    }
-    if env is not None:
-        body.update(
-            task=env.task,
-            queue=env.queue,
-            fence=env.fence,
-            attempt=env.attempt,
-            # Signed: a release verifies it before re-signing, so an entry edited in
-            # Redis cannot be laundered into a validly signed message.
-            envelope=json.loads(env.encode(signer)),
-        )
-    else:
-        body["raw"] = raw if isinstance(raw, str) else repr(raw)
-    return canonical(body)
 
 
 def _message_entry_id(raw: object) -> str:
     # The same body gets the same entry: a message delivered twice is filed once.
     text = raw if isinstance(raw, str) else repr(raw)
     return "msg-" + hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _summary(failure: Failure) -> str:
-    # One line for listings; the entry keeps the whole message and traceback.
-    text = " ".join((failure.error or "").split())
-    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
 
 
 def _told(event: events.TaskDeadLettered) -> Callable[[list[Any]], Transition]:
@@ -139,7 +97,7 @@ def dead_letter(
         held = ""
     told = events.TaskDeadLettered(
         task_id, env.task if env is not None else task, int(fence) if fence else None,
-        str(failure.reason), _summary(failure), env.queue if env is not None else queue,
+        str(failure.reason), failure.summary, env.queue if env is not None else queue,
         entry_id,
     )  # fmt: skip
     tail = history_tail(
@@ -156,16 +114,17 @@ def dead_letter(
             task_id,
             fence,
             entry_id,
-            _entry(task_id, entry_id, failure, env, raw, signer),
+            entry_json(task_id, entry_id, failure, env, raw, signer),
             outcome.failed(str(failure.reason), failure.error, entry_id),
             result_ttl_ms,
             tail,
             env.task if env is not None else task,
             str(failure.reason),
             env.queue if env is not None else queue,
-            _summary(failure),
+            failure.summary,
             held,
             uuid.uuid4().hex,
+            str(env.chord.get("id", "")) if env is not None and env.chord else "",
         ],
         _told(told),
     )

@@ -26,7 +26,7 @@ from typing import Any, cast
 import redis
 from redis.client import Pipeline
 
-from ..store import checkpoint, scripts
+from ..store import checkpoint, chords, scripts
 from ..store.keys import KeySpace
 from .entries import SUMMARY_FIELDS, Entry, Summary
 
@@ -314,8 +314,16 @@ class DeadLetterStore:
             for entry_id in ids:
                 fence = wanted[entry_id]
                 args += [entry_id, "" if fence is None else fence]
+            args.append(chords.KEEP_MS)
+            # A chord member's chord, whose state the script gives a TTL back: the
+            # field is written once, when the entry is filed.
+            pipe = self.client.pipeline(transaction=False)
+            for entry_id in ids:
+                pipe.hget(part.dlq_entry(entry_id), "chord")
+            groups = [str(g) if g else None for g in pipe.execute()]
             token = uuid.uuid4().hex
-            replies = scripts.DLQ_DELETE.run(self.client, part.for_dlq_delete(ids, token), args)
+            keys = part.for_dlq_delete(ids, token, groups)
+            replies = scripts.DLQ_DELETE.run(self.client, keys, args)
             done.update(entry_id for entry_id, ok in zip(ids, replies, strict=True) if int(ok))
         deleted = [entry_id for entry_id in wanted if entry_id in done]
         for entry_id in deleted:  # the entry id is its task's id

@@ -30,6 +30,11 @@ without a new format: an older reader keeps it in ``extra``. It is left out of t
 body when empty, so an untraced envelope and its checksum are byte for byte what they
 were before the field existed.
 
+``push`` (a token minted once per push: with the id, the task's identity) is one too:
+an older reader keeps it in ``extra``; absent, the id alone is the identity, as it was.
+Workers are upgraded before producers (docs/rolling-deploys.md), so every worker that
+runs an envelope carrying it reads it.
+
 ``chain`` (the steps of a workflow still to come after this one), ``chord`` (a chord
 member's place in its header) and ``header`` (a chord callback's header) are not
 ignorable: a reader that ignored them would commit the step and silently drop the rest
@@ -100,7 +105,20 @@ class Envelope:
     # chord's callback: the group id whose header results it takes first.
     chord: Mapping[str, Any] = field(default_factory=dict)
     header: str = ""
+    # A token minted once per push (every incarnation keeps it): with the id, the
+    # task's identity (:attr:`identity`). Absent from an envelope pushed before it
+    # existed, which keeps the id alone as its identity.
+    push: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def identity(self) -> str:
+        """This task's identity: its id and the token of the push that created it. A
+        caller-chosen id can be pushed again once its outcome has expired
+        (``RESULT_TTL_S``); anything keyed by the task and kept longer (the inbox's
+        rows, an external API's idempotency keys) is keyed by this, which the later
+        task does not share."""
+        return f"{self.id}~{self.push}" if self.push else self.id
 
     def next_incarnation(self, **changes: Any) -> Envelope:
         """The envelope of the next incarnation: fence + 1, other changes applied."""
@@ -114,7 +132,7 @@ class Envelope:
         else:  # absent, not {}: untraced envelopes stay as they were (module docstring)
             del body["trace"]
         # Absent when empty, as trace: an envelope outside a workflow is unchanged.
-        for name in ("workflow", "chain", "chord", "header"):
+        for name in ("workflow", "chain", "chord", "header", "push"):
             if not body[name]:
                 del body[name]
         if self.chain:
@@ -146,7 +164,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "id": str, "task": str, "args": list, "kwargs": dict, "queue": str,
     "idem_key": (str, type(None)), "fence": int, "attempt": int, "resurrections": int,
     "created_ms": int, "schema_version": int, "trace": dict, "workflow": str, "chain": list,
-    "chord": dict, "header": str,
+    "chord": dict, "header": str, "push": str,
 }  # fmt: skip
 
 

@@ -6,9 +6,15 @@ admin; no I/O.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from .envelope import Envelope, canonical
+from .signing import Signer
+
+SUMMARY_CHARS = 200
 
 
 class Reason(StrEnum):
@@ -24,6 +30,9 @@ class Reason(StrEnum):
     MALFORMED_MESSAGE = "malformed_message"  # not an envelope at all
     RESULT_NOT_SERIALIZABLE = "result_not_serializable"  # return value is not JSON
     EXPIRED = "expired"  # not started by its expires= time
+    # A workflow's member (a chain's step with steps after it, a chord's member)
+    # cancelled: filed with the rest of its workflow, which waits for its release.
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +51,44 @@ class Failure:
         if self.exc_type is None:
             return self.exc_message
         return f"{self.exc_type}: {self.exc_message}" if self.exc_message else self.exc_type
+
+    @property
+    def summary(self) -> str:
+        """One line for listings; the entry keeps the whole message and traceback."""
+        text = " ".join((self.error or "").split())
+        return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+def entry_json(
+    task_id: str,
+    entry_id: str,
+    failure: Failure,
+    env: Envelope | None,
+    raw: object,
+    signer: Signer | None,
+) -> str:
+    """A DLQ entry's ``entry`` field: the failure, and the envelope it can be released
+    from (signed: a release verifies it before re-signing, so an entry edited in Redis
+    cannot be laundered into a validly signed message) or, for a message tied to no
+    task, its raw body."""
+    body: dict[str, Any] = {
+        "id": entry_id,
+        "task_id": task_id,
+        "reason": str(failure.reason),
+        "exc_type": failure.exc_type,
+        "exc_message": failure.exc_message,
+        "traceback": failure.traceback,
+        "worker": failure.worker,
+        **failure.extra,
+    }
+    if env is not None:
+        body.update(
+            task=env.task,
+            queue=env.queue,
+            fence=env.fence,
+            attempt=env.attempt,
+            envelope=json.loads(env.encode(signer)),
+        )
+    else:
+        body["raw"] = raw if isinstance(raw, str) else repr(raw)
+    return canonical(body)

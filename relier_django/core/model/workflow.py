@@ -11,6 +11,7 @@ done without its successor existing.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,13 @@ class Next:
     index: int = 0
 
 
+def push_token_after(env: Envelope, step_id: str) -> str:
+    """The push token (``Envelope.push``) of the task ``env``'s commit creates: derived
+    from ``env``'s identity, so each creation of a step is a push of its own, and a
+    commit built twice builds the same successor."""
+    return hashlib.sha256(f"{env.identity}>{step_id}".encode()).hexdigest()[:16]
+
+
 def chain_of(steps: Sequence[Step]) -> tuple[dict[str, Any], ...]:
     return tuple(step.wire() for step in steps)
 
@@ -92,6 +100,7 @@ def following(env: Envelope, result: Any, created_ms: int) -> Next | None:
         id=step.id, task=step.task, args=step.args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
         workflow=group_id, header="" if step.immutable else group_id,
+        push=push_token_after(env, step.id),
     )  # fmt: skip
     return Next(callback, group_id, index)
 
@@ -112,4 +121,5 @@ def successor(env: Envelope, result: Any, created_ms: int) -> Envelope | None:
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
         workflow=env.workflow or env.id,
         chain=env.chain[1:],
+        push=push_token_after(env, step.id),
     )  # fmt: skip

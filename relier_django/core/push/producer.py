@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -33,7 +34,7 @@ from ..model.errors import AdmissionRejected, DuplicateTaskId, PushFailed
 from ..model.idem_key import derive_key
 from ..model.spec import TaskSpec
 from ..model.timing import NOW, Timing
-from ..store import bridge, layout, workflows
+from ..store import bridge, chords, layout, workflows
 from ..store.connection import async_client, sync_client, target
 from ..store.keys import KeySpace
 from ..store.receipt import Receipt
@@ -92,10 +93,17 @@ def prepare(
     ``idempotency_key``: this push's own key (a periodic tick's), whatever the task's.
     ``chain``: the steps that follow this task (it is then a workflow's first step).
     ``group_id``: the group this task is a member of (the workflow's identity).
-    ``chord``: a chord header member's place (group id, index, callback step)."""
+    ``chord``: a chord header member's place (group id, index, callback step).
+
+    A workflow's member (a chain's first step, a group's or a chord header's member)
+    claims no idempotency key, whatever its task says: it is identified by the id
+    Celery froze for it, which its workflow and the caller's ``AsyncResult`` wait on.
+    Deduplicated onto another task, that id would never run, and the chain's rest, the
+    chord's callback or ``group.get()`` would wait for ever (docs/workflows.md)."""
     arguments.check(spec, args, kwargs)
     idem = idempotency_key
-    if idem is None and spec.idempotent:
+    member = bool(chain or chord or group_id)
+    if idem is None and spec.idempotent and not member:
         idem = derive_key(spec.idempotency_key, args, kwargs)
     task_id = _placed(spec.name, task_id, idem, bool(chain or chord))
     return Envelope(
@@ -111,6 +119,7 @@ def prepare(
         created_ms=int(time.time() * 1000),
         schema_version=spec.schema.version,
         trace=tracing.inject(),  # the push span's context, when one is in progress
+        push=secrets.token_hex(8),  # 64 random bits: this push's token (Envelope.identity)
     )
 
 
@@ -279,6 +288,8 @@ class _Push:
             except BaseException:
                 idempotency.abort(self.keys, self.env, self.token).run(client)
                 raise
+        if self.env.chord:  # the header's last member stored: its state outlives waits
+            chords.seal(client, self.keys, str(self.env.chord["id"]), int(self.env.chord["index"]))
         return self.receipt()
 
     async def asend_now(self, app: Any, client: Any) -> Receipt:

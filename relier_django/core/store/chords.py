@@ -9,8 +9,11 @@ from typing import Any
 
 from .keys import KeySpace
 
-# How long a chord's state is kept after its last write: a header that never completes
-# (a member purged from the DLQ) does not stay for ever.
+# How long a chord's state is kept after its last write while its header may never
+# complete: before its last member is stored (a producer that dies part-way through the
+# header), and once a member's DLQ entry is deleted. A sealed state (every member
+# stored: each ends in a commit or a DLQ entry) has no TTL: a member that waits longer
+# (a long countdown, a DLQ entry released weeks later) still completes the header.
 KEEP_MS = 7 * 24 * 3600 * 1000
 
 
@@ -24,6 +27,18 @@ def set_size(client: Any, keys: KeySpace, group_id: str, size: int) -> None:
     pipe.hset(keys.chord(group_id), "size", size)
     pipe.pexpire(keys.chord(group_id), KEEP_MS)
     pipe.execute()
+
+
+def seal(client: Any, keys: KeySpace, group_id: str, index: int) -> bool:
+    """After member ``index`` of the header is stored: when it is the last one (the
+    size is known, ``set_size``), drop the state's TTL, so it lives until the callback
+    commits (``forget``) or a member's DLQ entry is deleted (``dlq_delete.lua`` gives
+    the TTL back). True when sealed. Not a check-then-act: the size, once written, never
+    changes, and a seal is idempotent."""
+    size = client.hget(keys.chord(group_id), "size")
+    if size is None or int(size) != index + 1:
+        return False
+    return bool(client.persist(keys.chord(group_id)))
 
 
 def header_results(client: Any, keys: KeySpace, group_id: str) -> list[Any]:

@@ -479,7 +479,8 @@ class KeySpace:
     def for_cancel(self, task_id: str, idem_key: str | None) -> list[str]:
         p = self._with(task_id, idem_key)
         keys = [p.task(task_id), p.history(task_id), p.expiry, p.schedule,
-                p.result(task_id), *p._counted()]  # fmt: skip
+                p.result(task_id), *p._counted(), p.dlq, p.dlq_entry(task_id), p.dlq_lex,
+                p.dlq_counts]  # fmt: skip
         return [*keys, idem_key] if idem_key else keys
 
     def for_schedule_take(self, task_ids: Iterable[str]) -> list[str]:
@@ -568,8 +569,13 @@ class KeySpace:
         ]
         return [*keys, idem_key] if idem_key else keys
 
-    def for_dlq_delete(self, entry_ids: Iterable[str], token: str) -> list[str]:
+    def for_dlq_delete(
+        self, entry_ids: Iterable[str], token: str, chords: Sequence[str | None] = ()
+    ) -> list[str]:
+        """``chords``: each entry's chord group id (its field 'chord'), None for none."""
         entry_ids = list(entry_ids)
         p = self._one(entry_ids)
+        groups = list(chords) + [None] * (len(entry_ids) - len(chords))
         return [p.dlq, p.dlq_lex, p.dlq_counts, p.receipt(token),
-                *(p.dlq_entry(e) for e in entry_ids)]  # fmt: skip
+                *(p.dlq_entry(e) for e in entry_ids),
+                *(p.chord(g) if g else p.absent for g in groups)]  # fmt: skip

@@ -38,6 +38,9 @@ class TaskContext:
     task_name: str
     worker: str
     scheduled_at: datetime | None = None
+    # The task's identity (Envelope.identity): its id and its push's token, which a
+    # later task given the same caller-chosen id does not share.
+    identity: str = ""
     _lost: threading.Event = field(default_factory=threading.Event, repr=False)
     # Set by the runner: the latest checkpoint, and how to store a new one.
     _partial: Any = field(default=None, repr=False)
@@ -59,11 +62,14 @@ class TaskContext:
     @property
     def idempotency_key(self) -> str:
         """A key that stays the same for every incarnation of this task (retries,
-        resurrections, a zombie): pass it to an external API's idempotency header
-        (a payment provider's ``Idempotency-Key``), so that a call repeated by a later
-        incarnation is recognised there. Derive one per call for several calls:
-        ``f"{ctx.idempotency_key}:refund"``."""
-        return f"relier-{self.task_id}"
+        resurrections, a zombie) and that no other task shares, not even one pushed
+        later under the same caller-chosen id: pass it to an external API's
+        idempotency header (a payment provider's ``Idempotency-Key``), so that a call
+        repeated by a later incarnation is recognised there, and only that. Derive
+        one per call for several calls: ``f"{ctx.idempotency_key}:refund"``.
+        ``"relier-<task id>~<push token>"`` (``"relier-<task id>"`` for a task pushed
+        by a release without push tokens)."""
+        return f"relier-{self.identity or self.task_id}"
 
     def get_partial(self, default: Any = None) -> Any:
         """The latest checkpoint of this task, or ``default`` if it has none.

@@ -223,6 +223,7 @@ class Runner:
         # The envelope is this incarnation's own checksummed record; the task hash's
         # counters may lag it (resurrected.lua counts only after the broker's ACK).
         ctx = TaskContext(env.id, env.fence, env.attempt, env.resurrections, env.task, self.worker)
+        ctx.identity = env.identity
         if started.due_ms is not None:
             ctx.scheduled_at = datetime.fromtimestamp(started.due_ms / 1000, tz=UTC)
         ctx._loop, ctx._save = loop, self._saver(ctx, env)

@@ -27,7 +27,7 @@
 -- ARGV[11] '' or its broker message, as kombu's Redis transport would LPUSH it (the
 --          caller publishes when ''; the queued grace covers a publish that is lost)
 -- ARGV[12] with KEYS[13]: this member's index in the header; ARGV[13] its result, JSON;
---          ARGV[14] how long the chord's state is kept, ms
+--          ARGV[14] how long the chord's state is kept, ms, until it is sealed
 -- A chain's successor (no KEYS[13]) is always created. A chord's callback is created by
 -- the commit that completes the header: this member's result is recorded under its
 -- index (once: a member commits once, whatever its redeliveries), and when the header
@@ -84,8 +84,13 @@ local next_id = ARGV[5]
 local created = 0
 if next_id and KEYS[13] then
   local chord = KEYS[13]
+  local fresh = redis.call('EXISTS', chord) == 0
   redis.call('HSET', chord, 'r:' .. ARGV[12], ARGV[13])
-  redis.call('PEXPIRE', chord, tonumber(ARGV[14]))
+  -- A state sealed once every member existed (chords.seal: no TTL) stays so; before,
+  -- a header that may never complete (its producer died part-way) expires.
+  if fresh or redis.call('PTTL', chord) >= 0 then
+    redis.call('PEXPIRE', chord, tonumber(ARGV[14]))
+  end
   local meta = redis.call('HMGET', chord, 'size', 'fired')
   local size = tonumber(meta[1] or '')
   local results = redis.call('HLEN', chord) - 1 - (meta[2] and 1 or 0)

@@ -24,6 +24,9 @@
 --          A second copy of the incarnation, delivered to a worker that cannot run it
 --          while the first copy runs, must not take the task from under it (G10).
 -- ARGV[13] request token: unique per call, the same in a replay of it
+-- ARGV[14] a chord's header member: the chord's group id, kept on the entry (field
+--          'chord') so that deleting the entry gives the chord's state its TTL back
+--          (dlq_delete.lua); '' or absent otherwise
 -- The task's latest checkpoint (field 'partial') moves into the entry, and release.lua
 -- gives it to the next incarnation.
 -- RETURNS  {1, at_ms}             dead-lettered (a replay of this call after a lost
@@ -74,6 +77,9 @@ redis.call('HSET', KEYS[6], 'entry', ARGV[4], 'history', '[' .. table.concat(his
   'task', ARGV[8], 'reason', ARGV[9], 'queue', ARGV[10], 'error', ARGV[11], 'req', ARGV[13])
 if partial then
   redis.call('HSET', KEYS[6], 'partial', partial)
+end
+if ARGV[14] and ARGV[14] ~= '' then
+  redis.call('HSET', KEYS[6], 'chord', ARGV[14])
 end
 dlq_index_add(KEYS[5], KEYS[7], KEYS[8], ARGV[3], ARGV[8], ARGV[9], now_ms)
 if fenced then

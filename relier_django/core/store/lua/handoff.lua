@@ -21,7 +21,9 @@ for i = 2, #KEYS do
   local id, fence = ARGV[2 * (i - 1)], ARGV[2 * (i - 1) + 1]
   local fields = redis.call('HMGET', KEYS[i], 'fence', 'state')
   if fields[1] == fence and fields[2] == ARGV[1] then
-    redis.call('HSET', KEYS[i], 'state', 'handoff', 'ho_cause', ARGV[2 * #KEYS])
+    -- 'ho_from': a run handed off by a draining worker may still be running its body,
+    -- which cancel.lua tells its caller.
+    redis.call('HSET', KEYS[i], 'state', 'handoff', 'ho_cause', ARGV[2 * #KEYS], 'ho_from', ARGV[1])
     redis.call('ZADD', KEYS[1], now_ms, id)
     handed = handed + 1
   elseif fields[1] == fence and fields[2] == 'handoff' then
