@@ -160,3 +160,12 @@ def test_of_members_committing_at_once_exactly_one_creates_the_callback(redis_cl
     assert redis_client.hget(keys.task("the-callback"), "state") == b"queued"
     assert redis_client.zscore(keys.of_task("the-callback").expiry, "the-callback") is not None
     assert chords.header_results(client, keys, "group") == [i * 10 for i in range(n)]
+
+
+def test_a_chord_callbacks_frozen_id_breaking_the_id_rule_is_refused_at_push(
+    relier_backend, redis_client
+):
+    header = [tasks.step_add.s(i, 10) for i in range(3)]
+    with pytest.raises(relier_django.InvalidTaskId, match=r"'total\\n1'.*1 to 64 printable"):
+        chord(header)(tasks.step_sum.s(1000).set(task_id="total\n1"))
+    assert redis_client.dbsize() == 0  # not even the first member: the callback rides on each
