@@ -104,7 +104,9 @@ class RelierTask(Task):
 
         Raises:
             TypeError: an option of the wrong type, a naive datetime.
-            ValueError: ``using`` together with ``on_commit=False``; a negative countdown.
+            ValueError: ``using`` together with ``on_commit=False``; a negative countdown;
+                a due or expiry time outside 0001-01-02 .. 9999-12-31 UTC
+                (``model.timing.LATEST_MS``).
         """
         when = timing(countdown, eta, expires)
         return PushWith(self.relier_spec, self.app, on_commit=on_commit, using=using, when=when)
