@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery.schedules import crontab
 from django.core.checks import Error
 from django.core.checks import Warning as CheckWarning
 
@@ -216,6 +217,60 @@ def test_fire_due_answers_the_next_tick(redis_client, beat_schedule, cfg):
     assert periodic.fire_due(app, cfg, 1_700_000_003_000) == 1_700_000_010_000
 
 
+class _BrokenCrontab(crontab):
+    """A schedule whose ticks cannot be computed: it raises at every pass."""
+
+    def remaining_delta(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("this crontab cannot say when it fires")
+
+
+@pytest.fixture
+def fresh_log_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's memory of which entries it logged, emptied: each is logged once."""
+    monkeypatch.setattr(periodic, "_failing", {}, raising=False)
+    monkeypatch.setattr(periodic, "_warned", set())
+
+
+def _fire_for_three_ticks(client: redis.Redis, cfg: config.Config, *entries: str) -> range:
+    """Seven passes, half a second apart, over three ticks of every second, with
+    ``entries`` last recorded just before them; the three ticks."""
+    start = (_now_ms(client) - 10_000) // 1000 * 1000
+    for name in entries:
+        client.hset(KEYS.periodic, name, start)
+    steps = [start + 500 * i for i in range(1, 8)]
+    for now in steps:
+        periodic.fire_due(app, cfg, now)
+    return range(start + 1_000, steps[-1] + 1, 1_000)
+
+
+def test_an_infinite_nan_or_zero_interval_is_not_fired_and_never_stops_the_other_entries(
+    redis_client, beat_schedule, cfg, relier_log, fresh_log_memory
+):
+    # The bad entries come first: the scanner meets them before the good one.
+    beat_schedule.update({
+        "infinite": _entry(every=float("inf")),
+        "not-a-number": _entry(every=float("nan")),
+        "zero": _entry(every=0),
+        ENTRY: _entry(every=1.0),
+    })  # fmt: skip
+    ticks = _fire_for_three_ticks(redis_client, cfg, ENTRY)
+    assert all(_has_task(redis_client, t) for t in ticks) and _pushed(redis_client) == 3
+    not_fired = [r.getMessage() for r in relier_log.records if "is not fired" in r.getMessage()]
+    # Each once, though seven passes read them.
+    expected = ["entry=infinite", "entry=not-a-number", "entry=zero"]
+    assert sorted(m.split()[1] for m in not_fired) == expected
+
+
+def test_an_entry_failing_at_every_pass_never_stops_another_entrys_ticks_and_is_logged_once(
+    redis_client, beat_schedule, cfg, relier_log, fresh_log_memory
+):
+    beat_schedule.update({"broken": _entry(every=_BrokenCrontab(minute="*")), ENTRY: _entry()})
+    ticks = _fire_for_three_ticks(redis_client, cfg, "broken", ENTRY)
+    assert all(_has_task(redis_client, t) for t in ticks) and _pushed(redis_client) == 3
+    failed = [r for r in relier_log.records if "entry=broken: firing failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info  # with its traceback, not at every pass
+
+
 # -- manage.py check ------------------------------------------------------------------
 def test_check_reports_each_entry_relier_cannot_fire(beat_schedule):
     beat_schedule.update(
@@ -235,3 +290,23 @@ def test_check_reports_each_entry_relier_cannot_fire(beat_schedule):
     assert isinstance(found["relier.W005"], CheckWarning)
     assert "celery beat" in found["relier.W005"].msg and "plain" in found["relier.W005"].msg
     assert "crontab" in found["relier.E009"].hint
+
+
+@pytest.mark.parametrize(
+    ("every", "says"),
+    [
+        (float("inf"), "finite number of seconds > 0, got inf"),
+        (float("nan"), "finite number of seconds > 0, got nan"),
+        (0, "finite number of seconds > 0, got 0"),
+        (-60, "finite number of seconds > 0, got -60"),
+        (1e12, "at most 3153600000 seconds (100 years), got 1000000000000.0"),
+        (0.0001, "at least 0.001 seconds"),
+    ],
+)
+def test_check_names_an_entry_whose_interval_is_infinite_nan_or_out_of_range(
+    every, says, beat_schedule
+):
+    beat_schedule.update({"ok": _entry(), "bad-interval": _entry(every=every)})
+    (message,) = checks.check_periodic_schedule()
+    assert message.id == "relier.E009" and isinstance(message, Error)
+    assert "'bad-interval'" in message.msg and says in message.msg

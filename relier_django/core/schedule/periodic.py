@@ -110,6 +110,12 @@ def read_entries(app: Any) -> tuple[list[Entry], list[Rejected]]:
             entries.append(_entry(app, str(name), raw))
         except _Reject as exc:
             rejected.append(Rejected(str(name), exc.problem, str(exc)))
+        except Exception as exc:  # one entry's fault is that entry's alone
+            # Anything else an entry's values raise (a key function, a mapping that
+            # fails to read) rejects that entry, reported like the others, never the
+            # whole schedule: the scanner fires every entry from this list.
+            detail = f"reading it raised {type(exc).__name__}: {exc}"
+            rejected.append(Rejected(str(name), Problem.BAD_ENTRY, detail))
     return entries, rejected
 
 
@@ -227,6 +233,10 @@ def fire_due(app: Any, config: Config, now_ms: int) -> int:
 
 
 _warned: set[tuple[str, str]] = set()  # (entry, problem) logged by this process
+# entry -> the failure last logged for it by this process, until the entry settles:
+# a failure that repeats at every pass is logged once, with its traceback, not every
+# pass; a different one, or the same after a success, is logged again.
+_failing: dict[str, str] = {}
 
 
 class _Firing:
@@ -251,14 +261,16 @@ class _Firing:
         retry_at = self.now_ms + int(self.config.scan_interval_s * 1000)
         next_due = self.now_ms + _IDLE_MS
         for entry, last in zip(entries, lasts, strict=True):
+            # Everything about one entry, its next tick included, inside its own try:
+            # one entry's failure never stops the others' ticks (issue #35).
             try:
                 settled = self._entry(entry, None if last is None else int(last))
-            except Exception:
-                logger.exception(
-                    "periodic entry=%s: firing failed; a later pass retries", entry.name
-                )
-                settled = False
-            nxt = entry.schedule.next_after(self.now_ms)
+                nxt = entry.schedule.next_after(self.now_ms)
+            except Exception as exc:
+                _failed(entry.name, exc)
+                next_due = min(next_due, retry_at)
+                continue
+            _failing.pop(entry.name, None)
             next_due = min(next_due, nxt if settled else min(nxt, retry_at))
         return next_due
 
@@ -351,6 +363,20 @@ class _Firing:
             task_id,
         )
         return True
+
+
+def _failed(entry: str, exc: Exception) -> None:
+    """Log an entry's failed pass: at ERROR with its traceback the first time, at DEBUG
+    while the same failure repeats (see ``_failing``)."""
+    seen = f"{type(exc).__name__}: {exc}"
+    if _failing.get(entry) == seen:
+        logger.debug("periodic entry=%s: firing failed again: %s", entry, seen)
+        return
+    _failing[entry] = seen
+    logger.error(
+        "periodic entry=%s: firing failed; a later pass retries (logged once while it "
+        "repeats)", entry, exc_info=exc,
+    )  # fmt: skip
 
 
 def _iso(ms: int) -> str:
