@@ -1,7 +1,8 @@
 """G11, periodic ticks against a real Redis: tick.lua under races, fire_due from three
 scanners at once, a scanner killed between its claim and its push (or its record), and
-the missed-tick policies. No worker runs: a tick's push is its stored task and its one
-message in the broker's queue list."""
+the missed-tick policies. No worker runs (a tick's push is its stored task and its one
+message in the broker's queue list), but in the test of an idempotent task's ticks,
+which a real worker runs."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from relier_django.core.schedule import periodic
 from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
 from testproject.demo import tasks  # noqa: F401 - registers the demo tasks
-from testproject.harness import REPO_ROOT, worker_env
+from testproject.demo import tasks as demo
+from testproject.harness import REPO_ROOT, wait_until, worker_env
 
 ENTRY = "every-second"
 KEYS = KeySpace("rl")
@@ -210,6 +212,58 @@ def test_the_task_sees_its_tick_as_its_due_time(redis_client, beat_schedule, cfg
     tick = now // 1_000 * 1_000
     stored = redis_client.hget(KEYS.task(periodic.tick_id(ENTRY, tick)), "due_ms")
     assert int(stored) == tick  # start.lua hands it to the task as ctx.scheduled_at
+
+
+def test_an_idempotent_task_runs_once_per_tick_and_a_direct_push_is_never_taken_for_a_tick(
+    worker, redis_client, beat_schedule, cfg, relier_log
+):
+    relier_log.set_level(logging.INFO, logger="relier_django.periodic")
+    beat_schedule["charge"] = {"task": "demo.charge", "schedule": 1.0, "args": ("monthly", 5)}
+    runs = "demo:exec:charge:monthly"  # one entry per run of the body
+    start = (_now_ms(redis_client) - 10_000) // 1000 * 1000
+    redis_client.hset(KEYS.periodic, "charge", start)
+    for n in range(1, 4):  # three ticks, each fired once its predecessor has committed
+        periodic.fire_due(app, cfg, start + n * 1_000)
+        wait_until(lambda n=n: redis_client.llen(runs) == n, 20, what=f"tick {n} run")
+    # The same arguments pushed directly: a push of their own, not a tick's duplicate,
+    # and idempotent among themselves as ever.
+    direct = demo.charge.push_with(on_commit=False).push("monthly", 5)
+    assert not direct.deduplicated and direct.get(timeout=30)["task_id"] == direct.task_id
+    again = demo.charge.push_with(on_commit=False).push("monthly", 5)
+    assert again.duplicate_of == direct.task_id
+    assert redis_client.llen(runs) == 4
+    # The log says "fired" for a push that runs, once per tick: never for a duplicate.
+    fired = [r for r in relier_log.records if "entry=charge tick=" in r.getMessage()]
+    assert len(fired) == 3 and all(" fired task=demo.charge" in r.getMessage() for r in fired)
+
+
+@pytest.mark.parametrize("partitions", [1, 4])
+def test_unfinished_idempotent_ticks_and_a_direct_push_of_their_arguments_are_each_stored(
+    partitions, redis_client, beat_schedule, cfg, relier_log
+):
+    # No worker: each tick's task stays unfinished, so a key shared by the ticks (their
+    # arguments') would answer the second tick, and the direct push, "duplicate". With
+    # partitions, a tick's id must be drawn where its own key's claim lives, or the
+    # push is refused (producer._placed).
+    laid_out = cfg.replace(partitions=partitions)
+    keys = KeySpace.of(laid_out)
+    relier_log.set_level(logging.INFO, logger="relier_django.periodic")
+    beat_schedule["charge"] = {"task": "demo.charge", "schedule": 1.0, "args": ("monthly", 5)}
+    start = (_now_ms(redis_client) - 10_000) // 1000 * 1000
+    config.override(laid_out)
+    try:
+        redis_client.hset(keys.periodic, "charge", start)
+        periodic.fire_due(app, laid_out, start + 2_000)  # two ticks due
+        (entry,), _ = periodic.read_entries(app)
+        ids = [periodic.entry_tick_id(app, entry, start + n * 1_000, keys) for n in (1, 2)]
+        assert all(redis_client.exists(keys.task(i)) for i in ids)
+        direct = demo.charge.push_with(on_commit=False).push("monthly", 5)
+    finally:
+        config.override(None)
+    assert not direct.deduplicated and direct.task_id not in ids
+    fired = [r.getMessage() for r in relier_log.records if "entry=charge tick=" in r.getMessage()]
+    assert len(fired) == 2 and all(" fired task=demo.charge" in m for m in fired)
+    assert not [r for r in relier_log.records if r.levelno >= logging.ERROR]
 
 
 def test_fire_due_answers_the_next_tick(redis_client, beat_schedule, cfg):
