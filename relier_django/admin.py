@@ -19,7 +19,7 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, re_path
 
 from . import admin_overview, admin_schedule, admin_task, admin_views
 from .models import MANAGE_PERMISSION, VIEW_PERMISSION, DeadLetter
@@ -81,7 +81,11 @@ class DeadLetterAdmin(admin.ModelAdmin):
             return wrapped
 
         info = f"{self.opts.app_label}_{self.opts.model_name}"
-        # <path:>, not <str:>: a task id (and so an entry id) may contain a slash.
+        # An id is matched whole, any character included: a task id (and so an entry
+        # id) may contain a slash, and one stored before push checked ids (model.ids)
+        # may even hold a newline, which <path:>'s "." refuses; its page, and every
+        # page linking to it, must still open (reverse() would raise: an HTTP 500).
+        any_id = r"(?P<{}>[\s\S]+)/\Z"
         return [
             path("", wrap(admin_views.changelist), name=f"{info}_changelist"),
             path(
@@ -94,6 +98,14 @@ class DeadLetterAdmin(admin.ModelAdmin):
             path("periodic/", wrap(admin_schedule.periodic_list), name=f"{info}_periodic"),
             # The cluster at a glance (docs/admin-overview.md): read-only, view permission.
             path("overview/", wrap(admin_overview.overview), name=f"{info}_overview"),
-            path("overview/task/<path:task_id>/", wrap(admin_task.task), name=f"{info}_task"),
-            path("entry/<path:entry_id>/", wrap(admin_views.detail), name=f"{info}_detail"),
+            re_path(
+                "^overview/task/" + any_id.format("task_id"),
+                wrap(admin_task.task),
+                name=f"{info}_task",
+            ),
+            re_path(
+                "^entry/" + any_id.format("entry_id"),
+                wrap(admin_views.detail),
+                name=f"{info}_detail",
+            ),
         ]

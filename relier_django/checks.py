@@ -706,7 +706,8 @@ def check_periodic_schedule(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """relier.E008 (a ``beat_schedule`` entry naming no registered task), relier.E009 (a
-    schedule that is not seconds, a ``timedelta`` or a ``crontab``), relier.E010 (an
+    schedule that is not seconds, a ``timedelta`` or a ``crontab``, or an interval that
+    is infinite, NaN, not above 0 or above 100 years), relier.E010 (an
     entry relier cannot push: its args, kwargs or options), relier.W005 (an entry for a
     plain Celery task: relier does not fire it, celery beat must run for it).
 
@@ -737,8 +738,8 @@ def check_periodic_schedule(
         elif bad.problem is periodic.Problem.BAD_SCHEDULE:
             messages.append(Error(
                 f"{entry}: its 'schedule' {bad.detail}.",
-                hint="Give 'schedule' a number of seconds > 0 (e.g. 30.0), a "
-                "datetime.timedelta, or a celery.schedules.crontab(...).",
+                hint="Give 'schedule' a finite number of seconds > 0 and at most 100 years "
+                "(e.g. 30.0), a datetime.timedelta, or a celery.schedules.crontab(...).",
                 id="relier.E009",
             ))  # fmt: skip
         else:

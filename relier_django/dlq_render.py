@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from .core.model.timing import as_utc, unshowable
+
 # The fields of a history event that both callers show in columns of their own.
 HISTORY_COLUMNS = ("at_ms", "event", "fence", "worker")
 
@@ -31,8 +33,11 @@ def utc(ms: int) -> datetime:
 
 
 def utc_text(ms: int) -> str:
-    """A DLQ time (ms since the epoch) as ``YYYY-MM-DD HH:MM:SS``, UTC, to the second."""
-    return utc(ms).strftime("%Y-%m-%d %H:%M:%S")
+    """A time (ms since the epoch) as ``YYYY-MM-DD HH:MM:SS``, UTC, to the second. A
+    time no date holds (a due time stored before pushes were bounded) is shown as the
+    number itself (``timing.unshowable``): one such task never fails a whole page."""
+    at = as_utc(ms)
+    return unshowable(ms) if at is None else at.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def plural(n: int, word: str = "entry", words: str = "entries") -> str:

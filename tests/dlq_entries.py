@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from relier_django.core.dlq import dead_letter as dlq
 from relier_django.core.model import config
 from relier_django.core.model.envelope import Envelope, decode
@@ -23,14 +25,29 @@ def fail(
     reason: Reason = Reason.EXCEPTION,
     message: str = "boom",
     task_id: str | None = None,
+    raw_id: str | None = None,
 ) -> Envelope:
-    """Store a task as push() does (not sent) and dead-letter its first incarnation."""
+    """Store a task as push() does (not sent) and dead-letter its first incarnation.
+    ``raw_id``: store it under this id unchecked, as a push before ids were checked
+    (``model.ids``) could."""
+    env = store(task, *args, task_id=task_id, raw_id=raw_id)
+    cfg = config.current()
+    keys, client = KeySpace.of(cfg), sync_client(cfg)
+    failure = Failure(reason, "ValueError", message, traceback_of(message), worker="w1@host:1")
+    assert dlq.dead_letter(keys, failure, 60_000, env=env, held="queued").run(client).accepted
+    return env
+
+
+def store(
+    task=tasks.record, *args: object, task_id: str | None = None, raw_id: str | None = None
+) -> Envelope:
+    """Store a task as push() does, queued and not sent; ``raw_id`` as for :func:`fail`."""
     cfg = config.current()
     keys, client = KeySpace.of(cfg), sync_client(cfg)
     env = producer.prepare(task.relier_spec, args or ("x",), {}, task_id)
+    if raw_id is not None:
+        env = dataclasses.replace(env, id=raw_id)
     assert idempotency.store(keys, env, env.encode(), 60_000, 3).run(client).stored
-    failure = Failure(reason, "ValueError", message, traceback_of(message), worker="w1@host:1")
-    assert dlq.dead_letter(keys, failure, 60_000, env=env, held="queued").run(client).accepted
     return env
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
-from .model import arguments, config, links, workflow
+from .model import arguments, config, ids, links, workflow
 from .model import options as options_mod
 from .model.errors import TaskFailed
 from .model.idem_key import KeyOption
@@ -104,7 +104,9 @@ class RelierTask(Task):
 
         Raises:
             TypeError: an option of the wrong type, a naive datetime.
-            ValueError: ``using`` together with ``on_commit=False``; a negative countdown.
+            ValueError: ``using`` together with ``on_commit=False``; a negative countdown;
+                a due or expiry time outside 0001-01-02 .. 9999-12-31 UTC
+                (``model.timing.LATEST_MS``).
         """
         when = timing(countdown, eta, expires)
         return PushWith(self.relier_spec, self.app, on_commit=on_commit, using=using, when=when)
@@ -126,6 +128,12 @@ class RelierTask(Task):
         naming the difference; a few that cannot matter here (``producer``, ``retry``,
         ``retry_policy``, ``ignore_result``, beat's header) are accepted. So a beat
         entry naming this task pushes it.
+
+        Raises:
+            InvalidTaskId: (a ``ValueError``) a ``task_id`` or ``group_id`` given here,
+                or frozen into a chain's or chord's signature, that is not 1 to 64
+                printable characters without whitespace (``model.ids``); nothing is
+                stored.
         """
         chosen = options_mod.call_options(options)
         when = timing(
@@ -163,6 +171,9 @@ def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
         TypeError: a step that is not an ``@rl_task`` signature (a plain Celery task,
             whose step relier could not fence, or a group or chord), or a step whose
             own arguments do not fit its task (the previous result not counted).
+        InvalidTaskId: a step's frozen id (``sig.set(task_id=...)``) that breaks the id
+            rule (``model.ids``): the step is created later, by a commit, so its id is
+            checked now, with the push.
     """
     steps = []
     for sig in reversed(list(rest)):
@@ -182,10 +193,13 @@ def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
         # The previous step's result comes first: its type is only known then.
         probe = sig_args if sig.immutable else (None, *sig_args)
         arguments.check(spec, probe, sig_kwargs)
+        chosen = options.get("task_id")
+        if chosen is not None:
+            ids.check_id(chosen, f"chain step {spec.name!r} task_id")
         steps.append(
             workflow.Step(
                 task=spec.name,
-                id=options.get("task_id") or uuid.uuid4().hex,
+                id=chosen or uuid.uuid4().hex,
                 args=sig_args,
                 kwargs=sig_kwargs,
                 queue=options.get("queue") or spec.queue or "",

@@ -122,6 +122,13 @@ def unserializable(label: str) -> object:
     return object()
 
 
+@rl_task(name="demo.big_result")
+def big_result(ctx: TaskContext, label: str, size: int) -> str:
+    """Records its run and returns a string of ``size`` characters (RESULT_MAX_BYTES)."""
+    _record(label, ctx)
+    return "x" * size
+
+
 @rl_task(name="demo.noop")
 async def noop() -> None:
     """Does nothing: for overhead benchmarks."""

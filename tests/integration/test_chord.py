@@ -235,3 +235,12 @@ def test_deleting_a_members_entry_gives_its_chords_state_a_ttl_back(
     assert redis_client.pttl(state) == -1
     assert dlq.store().delete([broken]) == [broken]
     assert 0 < redis_client.pttl(state) <= 7 * 24 * 3600 * 1000
+
+
+def test_a_chord_callbacks_frozen_id_breaking_the_id_rule_is_refused_at_push(
+    relier_backend, redis_client
+):
+    header = [tasks.step_add.s(i, 10) for i in range(3)]
+    with pytest.raises(relier_django.InvalidTaskId, match=r"'total\\n1'.*1 to 64 printable"):
+        chord(header)(tasks.step_sum.s(1000).set(task_id="total\n1"))
+    assert redis_client.dbsize() == 0  # not even the first member: the callback rides on each

@@ -110,6 +110,36 @@ def test_a_result_that_is_not_json_lands_in_the_dlq(worker, redis_client):
     assert err.value.reason == "result_not_serializable"
 
 
+MIB = 1_048_576
+
+
+def test_a_result_above_result_max_bytes_is_dead_lettered_at_once_its_body_run_once(
+    worker_factory, redis_client, settings
+):
+    # 1 MiB, the default, set here as an operator would: the worker reads the setting.
+    settings.RELIER = {**settings.RELIER, "RESULT_MAX_BYTES": MIB}
+    worker_factory(extra_env={"RELIER_RESULT_MAX_BYTES": str(MIB)})
+    with pytest.raises(TaskFailed) as err:
+        tasks.big_result.push("big", 2 * MIB).get(timeout=30)
+    task_id = err.value.task_id
+    assert err.value.reason == "result_too_large"
+    entry = DeadLetterStore(sync_client(config.current()), KEYS).get(task_id)
+    assert entry.summary.reason == "result_too_large" and entry.summary.fence == 1
+    assert entry.data["exc_type"] == "ResultTooLarge"
+    error = entry.data["exc_message"]
+    record_bytes = 2 * MIB + len('{"fence":1,"result":"","status":"ok"}')
+    assert f"takes {record_bytes} bytes" in error and f"RESULT_MAX_BYTES ({MIB})" in error
+    assert "settings.RELIER['RESULT_MAX_BYTES']" in error
+    # Its body ran once, and nothing is left that could run it again: no task to
+    # resurrect, no message, no result stored.
+    assert len(runs(redis_client, "big")) == 1
+    assert not redis_client.exists(KEYS.task(task_id))
+    assert json.loads(redis_client.get(KEYS.result(task_id)))["status"] == "failed"
+    # Just under the bound, the record's own bytes counted: committed, once.
+    fits = tasks.big_result.push("fits", MIB - 64).get(timeout=30)
+    assert len(fits) == MIB - 64 and len(runs(redis_client, "fits")) == 1
+
+
 def test_same_arguments_on_two_tasks_never_share_a_result(worker, redis_client):
     a = tasks.charge.push("o-1", 10)
     b = tasks.refund.push("o-1", 10)

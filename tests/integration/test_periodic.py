@@ -1,7 +1,8 @@
 """G11, periodic ticks against a real Redis: tick.lua under races, fire_due from three
 scanners at once, a scanner killed between its claim and its push (or its record), and
-the missed-tick policies. No worker runs: a tick's push is its stored task and its one
-message in the broker's queue list."""
+the missed-tick policies. No worker runs (a tick's push is its stored task and its one
+message in the broker's queue list), but in the test of an idempotent task's ticks,
+which a real worker runs."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery.schedules import crontab
 from django.core.checks import Error
 from django.core.checks import Warning as CheckWarning
 
@@ -24,7 +26,8 @@ from relier_django.core.schedule import periodic
 from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
 from testproject.demo import tasks  # noqa: F401 - registers the demo tasks
-from testproject.harness import REPO_ROOT, worker_env
+from testproject.demo import tasks as demo
+from testproject.harness import REPO_ROOT, wait_until, worker_env
 
 ENTRY = "every-second"
 KEYS = KeySpace("rl")
@@ -211,9 +214,115 @@ def test_the_task_sees_its_tick_as_its_due_time(redis_client, beat_schedule, cfg
     assert int(stored) == tick  # start.lua hands it to the task as ctx.scheduled_at
 
 
+def test_an_idempotent_task_runs_once_per_tick_and_a_direct_push_is_never_taken_for_a_tick(
+    worker, redis_client, beat_schedule, cfg, relier_log
+):
+    relier_log.set_level(logging.INFO, logger="relier_django.periodic")
+    beat_schedule["charge"] = {"task": "demo.charge", "schedule": 1.0, "args": ("monthly", 5)}
+    runs = "demo:exec:charge:monthly"  # one entry per run of the body
+    start = (_now_ms(redis_client) - 10_000) // 1000 * 1000
+    redis_client.hset(KEYS.periodic, "charge", start)
+    for n in range(1, 4):  # three ticks, each fired once its predecessor has committed
+        periodic.fire_due(app, cfg, start + n * 1_000)
+        wait_until(lambda n=n: redis_client.llen(runs) == n, 20, what=f"tick {n} run")
+    # The same arguments pushed directly: a push of their own, not a tick's duplicate,
+    # and idempotent among themselves as ever.
+    direct = demo.charge.push_with(on_commit=False).push("monthly", 5)
+    assert not direct.deduplicated and direct.get(timeout=30)["task_id"] == direct.task_id
+    again = demo.charge.push_with(on_commit=False).push("monthly", 5)
+    assert again.duplicate_of == direct.task_id
+    assert redis_client.llen(runs) == 4
+    # The log says "fired" for a push that runs, once per tick: never for a duplicate.
+    fired = [r for r in relier_log.records if "entry=charge tick=" in r.getMessage()]
+    assert len(fired) == 3 and all(" fired task=demo.charge" in r.getMessage() for r in fired)
+
+
+@pytest.mark.parametrize("partitions", [1, 4])
+def test_unfinished_idempotent_ticks_and_a_direct_push_of_their_arguments_are_each_stored(
+    partitions, redis_client, beat_schedule, cfg, relier_log
+):
+    # No worker: each tick's task stays unfinished, so a key shared by the ticks (their
+    # arguments') would answer the second tick, and the direct push, "duplicate". With
+    # partitions, a tick's id must be drawn where its own key's claim lives, or the
+    # push is refused (producer._placed).
+    laid_out = cfg.replace(partitions=partitions)
+    keys = KeySpace.of(laid_out)
+    relier_log.set_level(logging.INFO, logger="relier_django.periodic")
+    beat_schedule["charge"] = {"task": "demo.charge", "schedule": 1.0, "args": ("monthly", 5)}
+    start = (_now_ms(redis_client) - 10_000) // 1000 * 1000
+    config.override(laid_out)
+    try:
+        redis_client.hset(keys.periodic, "charge", start)
+        periodic.fire_due(app, laid_out, start + 2_000)  # two ticks due
+        (entry,), _ = periodic.read_entries(app)
+        ids = [periodic.entry_tick_id(app, entry, start + n * 1_000, keys) for n in (1, 2)]
+        assert all(redis_client.exists(keys.task(i)) for i in ids)
+        direct = demo.charge.push_with(on_commit=False).push("monthly", 5)
+    finally:
+        config.override(None)
+    assert not direct.deduplicated and direct.task_id not in ids
+    fired = [r.getMessage() for r in relier_log.records if "entry=charge tick=" in r.getMessage()]
+    assert len(fired) == 2 and all(" fired task=demo.charge" in m for m in fired)
+    assert not [r for r in relier_log.records if r.levelno >= logging.ERROR]
+
+
 def test_fire_due_answers_the_next_tick(redis_client, beat_schedule, cfg):
     beat_schedule[ENTRY] = _entry(every=10.0)
     assert periodic.fire_due(app, cfg, 1_700_000_003_000) == 1_700_000_010_000
+
+
+class _BrokenCrontab(crontab):
+    """A schedule whose ticks cannot be computed: it raises at every pass."""
+
+    def remaining_delta(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("this crontab cannot say when it fires")
+
+
+@pytest.fixture
+def fresh_log_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's memory of which entries it logged, emptied: each is logged once."""
+    monkeypatch.setattr(periodic, "_failing", {}, raising=False)
+    monkeypatch.setattr(periodic, "_warned", set())
+
+
+def _fire_for_three_ticks(client: redis.Redis, cfg: config.Config, *entries: str) -> range:
+    """Seven passes, half a second apart, over three ticks of every second, with
+    ``entries`` last recorded just before them; the three ticks."""
+    start = (_now_ms(client) - 10_000) // 1000 * 1000
+    for name in entries:
+        client.hset(KEYS.periodic, name, start)
+    steps = [start + 500 * i for i in range(1, 8)]
+    for now in steps:
+        periodic.fire_due(app, cfg, now)
+    return range(start + 1_000, steps[-1] + 1, 1_000)
+
+
+def test_an_infinite_nan_or_zero_interval_is_not_fired_and_never_stops_the_other_entries(
+    redis_client, beat_schedule, cfg, relier_log, fresh_log_memory
+):
+    # The bad entries come first: the scanner meets them before the good one.
+    beat_schedule.update({
+        "infinite": _entry(every=float("inf")),
+        "not-a-number": _entry(every=float("nan")),
+        "zero": _entry(every=0),
+        ENTRY: _entry(every=1.0),
+    })  # fmt: skip
+    ticks = _fire_for_three_ticks(redis_client, cfg, ENTRY)
+    assert all(_has_task(redis_client, t) for t in ticks) and _pushed(redis_client) == 3
+    not_fired = [r.getMessage() for r in relier_log.records if "is not fired" in r.getMessage()]
+    # Each once, though seven passes read them.
+    expected = ["entry=infinite", "entry=not-a-number", "entry=zero"]
+    assert sorted(m.split()[1] for m in not_fired) == expected
+
+
+def test_an_entry_failing_at_every_pass_never_stops_another_entrys_ticks_and_is_logged_once(
+    redis_client, beat_schedule, cfg, relier_log, fresh_log_memory
+):
+    beat_schedule.update({"broken": _entry(every=_BrokenCrontab(minute="*")), ENTRY: _entry()})
+    ticks = _fire_for_three_ticks(redis_client, cfg, "broken", ENTRY)
+    assert all(_has_task(redis_client, t) for t in ticks) and _pushed(redis_client) == 3
+    failed = [r for r in relier_log.records if "entry=broken: firing failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info  # with its traceback, not at every pass
 
 
 # -- manage.py check ------------------------------------------------------------------
@@ -235,3 +344,23 @@ def test_check_reports_each_entry_relier_cannot_fire(beat_schedule):
     assert isinstance(found["relier.W005"], CheckWarning)
     assert "celery beat" in found["relier.W005"].msg and "plain" in found["relier.W005"].msg
     assert "crontab" in found["relier.E009"].hint
+
+
+@pytest.mark.parametrize(
+    ("every", "says"),
+    [
+        (float("inf"), "finite number of seconds > 0, got inf"),
+        (float("nan"), "finite number of seconds > 0, got nan"),
+        (0, "finite number of seconds > 0, got 0"),
+        (-60, "finite number of seconds > 0, got -60"),
+        (1e12, "at most 3153600000 seconds (100 years), got 1000000000000.0"),
+        (0.0001, "at least 0.001 seconds"),
+    ],
+)
+def test_check_names_an_entry_whose_interval_is_infinite_nan_or_out_of_range(
+    every, says, beat_schedule
+):
+    beat_schedule.update({"ok": _entry(), "bad-interval": _entry(every=every)})
+    (message,) = checks.check_periodic_schedule()
+    assert message.id == "relier.E009" and isinstance(message, Error)
+    assert "'bad-interval'" in message.msg and says in message.msg

@@ -1,17 +1,22 @@
 """What a push refuses and how it fails, as a user meets it (docs/api.md, "What a push
-raises"): arguments too large for the store, Redis down outside a transaction, and
-``replay()`` from a fresh ``manage.py shell``. Real Redis, real processes."""
+raises"): arguments too large for the store, a caller-chosen task id that breaks the
+id rule, Redis down outside a transaction, and ``replay()`` from a fresh ``manage.py
+shell``. Real Redis, real processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
+from celery import chain, group
 from kombu.exceptions import OperationalError
 
-from relier_django import ArgumentsTooLarge, PushFailed, RelierError, conf
+from relier_django import ArgumentsTooLarge, InvalidTaskId, PushFailed, RelierError, conf
 from relier_django.core.push import producer
+from relier_django.transactions import replay
+from testproject.celery import app
 from testproject.demo import tasks
 from testproject.harness import REPO_ROOT, free_port, worker_env
 
@@ -37,6 +42,65 @@ def test_the_default_limit_refuses_ten_megabytes_and_takes_half_a_megabyte(redis
     ):
         tasks.record.push("x" * 10_000_000, 0)
     assert tasks.record.push("x" * 500_000, 0).task_id  # stored: no worker needed
+
+
+BAD_IDS = {
+    "newline": "order-1\nINFO forged log line",
+    "nul": "order-1\x00",
+    "space": "order 1",
+    "tab": "order\t1",
+    "bidi override": "order-\u202e1",
+    "empty": "",
+    "65 characters": "x" * 65,
+}
+
+
+def _pushes_with(bad: str) -> dict[str, object]:
+    """Every door through which a caller can choose an id, each given ``bad``."""
+    add, rec = tasks.step_add, tasks.record
+    return {
+        "apply_async(task_id=)": lambda: rec.apply_async(("x", 0), task_id=bad),
+        "producer.push(task_id=)": lambda: producer.push(
+            rec.relier_spec, app, ("x", 0), {}, task_id=bad, on_commit=False
+        ),
+        "a signature's frozen id": lambda: rec.s("x", 0).set(task_id=bad).apply_async(),
+        "a chain step's frozen id": lambda: chain(
+            add.s(1, 2), add.s(3).set(task_id=bad)
+        ).apply_async(),
+        # A group is one push per member (docs/workflows.md): a member after this one
+        # would find its predecessors pushed, as for a member refused for its arguments.
+        "a group member's frozen id": lambda: group(
+            [add.s(3, 4).set(task_id=bad), add.s(1, 2)]
+        ).apply_async(),
+        "a group's id": lambda: group([add.s(1, 2)]).apply_async(task_id=bad),
+        "replay() of an envelope": lambda: replay(
+            dataclasses.replace(producer.prepare(rec.relier_spec, ("x", 0), {}), id=bad).encode()
+        ),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_IDS))
+def test_a_bad_caller_chosen_id_is_refused_at_every_door_naming_the_rule_and_stores_nothing(
+    kind, redis_client
+):
+    bad = BAD_IDS[kind]
+    for door, push in _pushes_with(bad).items():
+        with pytest.raises(InvalidTaskId) as refused:
+            push()
+        message = str(refused.value)
+        assert repr(bad) in message, door  # shown as its repr: a newline reads as \n
+        assert "1 to 64 printable characters with no whitespace" in message, door
+        assert isinstance(refused.value, ValueError) and refused.value.task_id == bad, door
+        assert redis_client.dbsize() == 0, door  # refused before anything was stored
+
+
+def test_a_caller_chosen_id_of_64_printable_characters_is_stored_under_it(redis_client):
+    chosen = "shop/order:42@eu-west#retry?é%" + "x" * 34
+    assert len(chosen) == 64
+    receipt = tasks.record.apply_async(("x", 0), task_id=chosen)
+    assert receipt.task_id == chosen and redis_client.exists(f"rl:t:{{{chosen}}}")
+    with pytest.raises(TypeError, match="task_id must be a str"):
+        tasks.record.apply_async(("x", 0), task_id=42)
 
 
 def test_redis_down_outside_a_transaction_raises_push_failed(redis_server, monkeypatch):

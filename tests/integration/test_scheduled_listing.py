@@ -23,6 +23,8 @@ from django.urls import reverse
 
 from relier_django import cancel, conf
 from relier_django.core.model import config
+from relier_django.core.model.timing import Timing
+from relier_django.core.push import producer
 from relier_django.core.schedule import listing, periodic
 from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
@@ -105,6 +107,35 @@ def test_list_shows_scheduled_tasks_earliest_due_first_with_their_arguments(redi
     assert [line.split()[2] for line in lines[1:5]] == [*ids]
     assert "'q', sleep_s=0.5" in lines[4] and "slow" in lines[4]
     assert "4 shown; 4 tasks scheduled in all" in text
+
+
+YEAR_10031_MS = 254_402_214_400_000  # past every date Python's datetime holds
+
+
+def stored_before_the_bound(label: str, when: Timing) -> str:
+    """Push with ``when`` as given, past the bound ``timing()`` now enforces, as a push
+    made before it could; its task id."""
+    spec = tasks.sync_record.relier_spec
+    return producer.push(spec, app, (label,), {}, when=when, on_commit=False).task_id
+
+
+def test_a_task_stored_due_past_year_9999_is_listed_with_its_raw_time_and_fails_no_listing(
+    redis_client,
+):
+    soon = later("soon", 60)
+    year_10031 = stored_before_the_bound("far", Timing(eta_ms=YEAR_10031_MS))
+    # 31 million years: Lua writes such a number in exponent form.
+    huge = stored_before_the_bound("huge", Timing(countdown_ms=10**18, expires_in_ms=10**18))
+    page = run_json("list")
+    assert [t["task_id"] for t in page["tasks"]] == [soon, year_10031, huge]
+    far_row, huge_row = page["tasks"][1:]
+    assert far_row["due_at"] == f"{YEAR_10031_MS} ms since the epoch (out of range)"
+    assert huge_row["due_ms"] >= 10**18 and huge_row["expires_at"].endswith("(out of range)")
+    text = run("list")
+    assert year_10031 in text and huge in text and "3 tasks scheduled in all" in text
+    assert "(out of range)" in text
+    view = listing.page(config.current())
+    assert [t.task_id for t in view.tasks] == [soon, year_10031, huge]
 
 
 def test_list_clips_long_arguments_and_says_when_nothing_is_scheduled(redis_client):
@@ -301,6 +332,19 @@ def test_scheduled_tasks_page_lists_by_due_time_escaped_paged_and_never_cached(
     assert second["next_page"] is None and second["first_page"] == "?"
     filtered = client.get(reverse(SCHEDULED), {"task": "demo.record"}).content.decode()
     assert "No scheduled task of that name." in filtered
+
+
+@pytest.mark.django_db
+def test_the_scheduled_tasks_page_shows_a_task_due_past_year_9999_instead_of_failing(
+    client, login, redis_client
+):
+    soon = later("soon", 60)
+    far = stored_before_the_bound("far", Timing(eta_ms=YEAR_10031_MS, expires_in_ms=10**18))
+    login("view_dlq")
+    response = client.get(reverse(SCHEDULED))
+    page = response.content.decode()
+    assert response.status_code == 200 and soon in page and far in page
+    assert f"{YEAR_10031_MS} ms since the epoch (out of range)" in page
 
 
 @pytest.mark.django_db

@@ -77,6 +77,34 @@ def test_a_naive_datetime_is_refused_and_nothing_is_stored(redis_client):
     assert redis_client.dbsize() == 0
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("countdown", 1e12),  # 31,700 years
+        ("countdown", dt.timedelta.max),
+        ("eta", dt.datetime(9999, 12, 31, 12, tzinfo=dt.UTC)),
+        ("eta", dt.datetime(9999, 12, 31, 23, tzinfo=dt.timezone(dt.timedelta(hours=-5)))),
+        ("eta", dt.datetime(1, 1, 1, 12, tzinfo=dt.timezone(dt.timedelta(hours=14)))),
+        ("expires", 1e12),
+        ("expires", dt.datetime(9999, 12, 31, 1, tzinfo=dt.UTC)),
+    ],
+)
+def test_a_countdown_eta_or_expiry_outside_years_1_to_9999_is_refused_at_push_naming_the_bound(
+    option, value, redis_client
+):
+    bound = r"must fall between 0001-01-02T00:00:00Z and 9999-12-31T00:00:00Z \(UTC\)"
+    with pytest.raises(ValueError, match=rf"{option}=.*{bound}"):
+        tasks.sync_record.push_with(on_commit=False, **{option: value}).push("far")
+    with pytest.raises(ValueError, match=bound):  # Celery's names too
+        tasks.sync_record.apply_async(("far",), **{option: value})
+    assert redis_client.dbsize() == 0
+    # The last day before the bound is still a time relier schedules.
+    tasks.sync_record.push_with(
+        on_commit=False, eta=dt.datetime(9999, 12, 30, 23, 59, tzinfo=dt.UTC)
+    ).push("latest")
+    assert redis_client.zcard(KEYS.schedule) == 1
+
+
 def test_a_task_not_started_before_it_expires_lands_in_the_dlq_and_never_runs(worker, redis_client):
     receipt = tasks.sync_record.push_with(countdown=1, expires=0.5).push("too-late")
     with pytest.raises(TaskFailed) as failed:

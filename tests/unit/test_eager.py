@@ -88,6 +88,23 @@ def test_a_result_that_is_not_json_fails_as_result_not_serializable():
     assert caught.value.reason == "result_not_serializable"
 
 
+def test_a_result_above_result_max_bytes_fails_as_result_too_large_and_runs_once():
+    config.override(Config(redis_url="redis://relier-unit-tests.invalid:1/0", result_max_bytes=100))
+    calls: list[int] = []
+
+    def sized(n: int) -> str:
+        calls.append(n)
+        return "x" * n
+
+    spec = TaskSpec(name="unit.sized", fn=sized)
+    app = app_for(spec, task_always_eager=True)
+    with pytest.raises(TaskFailed) as caught:
+        producer.push(spec, app, (200,), {}).get()
+    assert caught.value.reason == "result_too_large" and calls == [200]
+    assert "RESULT_MAX_BYTES (100)" in str(caught.value)
+    assert producer.push(spec, app, (50,), {}).get() == "x" * 50  # under the bound
+
+
 def test_retries_take_the_retry_count_from_the_request_and_never_sleep():
     calls: list[int] = []
 

@@ -68,6 +68,12 @@ class Config:
     # A push whose encoded task (its arguments, mostly) is larger is refused: Redis keeps
     # it until the result expires. Large data belongs elsewhere, passed by reference.
     arguments_max_bytes: int = 1_048_576
+    # A result whose encoded record is larger is not stored: the task is dead-lettered
+    # at once (result_too_large), its body run once. Redis keeps a result for
+    # result_ttl_s, and may refuse a huge one outright, which would otherwise leave the
+    # task to be run again at every resurrection. The arguments' figure, for symmetry:
+    # what one task may hand in, it may hand back.
+    result_max_bytes: int = 1_048_576
     # Rate limiter (relier_django.ratelimit): the reverse proxies (IPs or CIDR networks)
     # whose X-Forwarded-For is believed, and what a view does when Redis is unreachable.
     trusted_proxies: tuple[str, ...] = ()
@@ -117,7 +123,7 @@ class Config:
             ))  # fmt: skip
         for name in (
             "resurrect_batch", "max_concurrent_sends", "checkpoint_max_bytes",
-            "arguments_max_bytes",
+            "arguments_max_bytes", "result_max_bytes",
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 found.append((name, " must be >= 1"))

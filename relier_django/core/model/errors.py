@@ -136,6 +136,24 @@ class ArgumentsTooLarge(RelierError, ValueError):
         self.size, self.limit, self.largest = size, limit, largest
 
 
+class InvalidTaskId(RelierError, ValueError):
+    """A task id chosen by the caller (``apply_async(task_id=...)``, a signature's frozen
+    id, a group's id, a replayed envelope's id) that breaks the rule of
+    ``model.ids``: refused before anything is stored.
+
+    Attributes:
+        task_id: the id as given.
+        problem: what is wrong with it, in words ("it holds '\\n' at index 3").
+    """
+
+    def __init__(self, what: str, task_id: str, problem: str, rule: str) -> None:
+        super().__init__(
+            f"{what}={task_id!r} is not a valid task id: {problem}. {rule}. Leave it out "
+            "and relier draws one, or pass e.g. uuid.uuid4().hex"
+        )
+        self.task_id, self.problem = task_id, problem
+
+
 class PushFailed(RelierError, OperationalError):
     """A push sent at once (no transaction open, or ``on_commit=False``) could not reach
     relier's Redis or Celery's broker, after the client's retries. Nothing was stored,

@@ -29,6 +29,7 @@ class Reason(StrEnum):
     UNKNOWN_TASK = "unknown_task"  # no task of that name on the worker
     MALFORMED_MESSAGE = "malformed_message"  # not an envelope at all
     RESULT_NOT_SERIALIZABLE = "result_not_serializable"  # return value is not JSON
+    RESULT_TOO_LARGE = "result_too_large"  # encoded result above RESULT_MAX_BYTES
     EXPIRED = "expired"  # not started by its expires= time
     # A workflow's member (a chain's step with steps after it, a chord's member)
     # cancelled: filed with the rest of its workflow, which waits for its release.

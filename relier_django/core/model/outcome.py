@@ -16,6 +16,24 @@ def succeeded(result: Any, fence: int) -> str:
     return canonical({"status": "ok", "result": result, "fence": fence})
 
 
+def too_large(record: str, limit: int) -> str | None:
+    """Why a success record cannot be stored: its size against ``limit``
+    (``RESULT_MAX_BYTES``), in words that name the fix; None when it fits. A UTF-8
+    character takes at most 4 bytes, so a record well within the limit is not even
+    encoded to count them."""
+    if len(record) * 4 <= limit:
+        return None
+    size = len(record.encode())
+    if size <= limit:
+        return None
+    return (
+        f"the task's result takes {size} bytes encoded, above RESULT_MAX_BYTES ({limit}), "
+        "so it was not stored (the body ran once and is not run again). Store the data "
+        "elsewhere (a model row, a file, object storage) and return its id, or raise "
+        "settings.RELIER['RESULT_MAX_BYTES']"
+    )
+
+
 def result_json(record: str) -> str:
     """The result inside a success record, as canonical JSON (a chord member's
     result, as its commit records it in the chord's state)."""

@@ -392,8 +392,8 @@ def _claim(spec: TaskSpec, env: Envelope, receipt: EagerReceipt) -> EagerReceipt
 def _succeeded(
     spec: TaskSpec, env: Envelope, receipt: EagerReceipt, attempts: int, value: Any
 ) -> bool:
-    """Settle a run that returned ``value``; False when the value is not JSON (then it
-    is a failure, as on a worker)."""
+    """Settle a run that returned ``value``; False when the value is not JSON or is
+    larger than ``RESULT_MAX_BYTES`` (then it is a failure, as on a worker)."""
     try:
         record = outcome.succeeded(value, 1)
     except (TypeError, ValueError, RecursionError) as exc:  # as the runner's _record
@@ -401,6 +401,11 @@ def _succeeded(
             Reason.RESULT_NOT_SERIALIZABLE, type(exc).__name__,
             f"the task returned a {type(value).__name__}, which is not JSON: {exc}",
         )  # fmt: skip
+        _settle_failure(spec, env, receipt, attempts, failure)
+        return False
+    too_large = outcome.too_large(record, receipt.config.result_max_bytes)
+    if too_large is not None:  # as the runner's _record: parity with a worker
+        failure = Failure(Reason.RESULT_TOO_LARGE, "ResultTooLarge", too_large)
         _settle_failure(spec, env, receipt, attempts, failure)
         return False
     receipt._outcome.set(record)

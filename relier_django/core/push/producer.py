@@ -28,7 +28,7 @@ import redis.exceptions
 from kombu.exceptions import OperationalError
 
 from ..broker import publish
-from ..model import arguments, config, tracing, workflow
+from ..model import arguments, config, ids, tracing, workflow
 from ..model.envelope import Envelope, decode
 from ..model.errors import AdmissionRejected, DuplicateTaskId, PushFailed
 from ..model.idem_key import derive_key
@@ -89,7 +89,9 @@ def prepare(
     chord: Mapping[str, Any] | None = None,
 ) -> Envelope:
     """Validate the call and build its first envelope (fence 1). Raises ``TypeError``
-    for arguments that do not fit the signature or are not JSON-serialisable.
+    for arguments that do not fit the signature or are not JSON-serialisable, and
+    ``InvalidTaskId`` (a ``ValueError``) for a ``task_id`` or ``group_id`` that breaks
+    the id rule (``model.ids``).
     ``idempotency_key``: this push's own key (a periodic tick's), whatever the task's.
     ``chain``: the steps that follow this task (it is then a workflow's first step).
     ``group_id``: the group this task is a member of (the workflow's identity).
@@ -101,6 +103,8 @@ def prepare(
     Deduplicated onto another task, that id would never run, and the chain's rest, the
     chord's callback or ``group.get()`` would wait for ever (docs/workflows.md)."""
     arguments.check(spec, args, kwargs)
+    if group_id is not None:
+        ids.check_id(group_id, "group_id")
     idem = idempotency_key
     member = bool(chain or chord or group_id)
     if idem is None and spec.idempotent and not member:
@@ -129,10 +133,13 @@ def _placed(task: str, task_id: str | None, idem: str | None, in_workflow: bool)
     script stores both; a caller's id must already be there.
 
     Raises:
+        InvalidTaskId: a caller's id that breaks the id rule (``model.ids``).
         ValueError: with partitions, a caller's id whose partition is not its claim's,
             or a step of a chain or a chord, whose commit creates the next task (Celery
             names it, in any partition). A group's members are tasks of their own.
     """
+    if task_id is not None:
+        ids.check_id(task_id)
     keys = KeySpace.of(config.current())
     if not keys.tagged:
         return task_id or uuid.uuid4().hex
@@ -518,6 +525,8 @@ def replay(app: Any, envelope: str) -> Receipt:
 
     Raises:
         EnvelopeError: it does not verify.
+        InvalidTaskId: its id breaks the id rule (``model.ids``): an envelope made
+            before ids were checked, or by hand.
         ValueError: it is not a first incarnation (fence 1), or names a task that is
             not an ``@rl_task`` of ``app``.
         AdmissionRejected, DuplicateTaskId, Redis or broker errors: as ``push``.
@@ -525,6 +534,7 @@ def replay(app: Any, envelope: str) -> Receipt:
     cfg = config.current()
     text = envelope.strip()
     env = decode(text, cfg.signer)
+    ids.check_id(env.id, "the replayed envelope's id")
     if env.fence != 1:
         raise ValueError(f"task {env.id}: only a first incarnation (fence 1) can be replayed")
     spec = getattr(app.tasks.get(env.task), "relier_spec", None)

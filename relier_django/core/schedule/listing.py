@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, cast
 
 import redis
 from celery.schedules import crontab
 
 from ..model.config import Config
+from ..model.timing import as_utc, unshowable
 from ..store.connection import execute_timed, sync_client, timed_pipeline
 from ..store.keys import KeySpace
 from ..store.receipt import read_status
@@ -45,8 +45,12 @@ _BATCH = 200  # index members read per round trip
 
 
 def iso(ms: int) -> str:
-    """A Redis-clock time in ms as ISO 8601 UTC with milliseconds (the ``--json`` form)."""
-    at = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    """A Redis-clock time in ms as ISO 8601 UTC with milliseconds (the ``--json`` form);
+    a time no date holds (stored before pushes were bounded) as ``timing.unshowable``
+    says, so one such task never fails a whole listing."""
+    at = as_utc(ms)
+    if at is None:
+        return unshowable(ms)
     return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
@@ -237,7 +241,9 @@ def _read(
         if state is None:  # dispatched or cancelled between the two reads
             continue
         args, kwargs = _arguments(env)
-        expires_ms = int(expires) if expires else None
+        # int(float()): a huge time (stored before pushes were bounded) is written by
+        # Lua in exponent form ("1e+20"), which int() alone refuses.
+        expires_ms = int(float(expires)) if expires else None
         out.append(Scheduled(task_id, due_ms, name or "", queue or "", state,
                              int(attempt or 1), expires_ms, args, kwargs))  # fmt: skip
     return out

@@ -26,6 +26,16 @@ between its claim and its push is told not to push (it checks its own clock firs
 exactly-once with two scripts of its own (docs/scheduling.md: the argument, and the
 tests that kill a scanner between the steps).
 
+Decision: a tick is a push of its own, whatever the task's idempotency. An idempotent
+task's key is derived from its arguments, which are the same at every tick of an entry:
+under that key every tick after the first would be answered "duplicate" for as long as
+the first one's outcome is kept (``RESULT_TTL_S``, a day) and never run, and a direct
+push of the same arguments would be taken for a tick. So each tick of an idempotent
+task is pushed under a key of its own, :func:`tick_key` (entry, tick), which no other
+push shares: ticks never deduplicate onto each other nor onto direct pushes, and a
+tick pushed twice (a claim taken over) still runs once. To keep runs of an entry from
+overlapping, make the task check its own state (or take ``relier_django.lock``).
+
 Missed ticks (the scanners were down): the entry's ``options["relier_missed"]``:
 ``"all"`` (default) fires every missed tick, the newest ``CATCH_UP_LIMIT`` at most;
 ``"once"`` fires the newest one; ``"skip"`` fires only ticks that are on time (late by
@@ -48,7 +58,6 @@ from typing import Any
 from ..model import arguments
 from ..model.config import Config
 from ..model.errors import AdmissionRejected, DuplicateTaskId
-from ..model.idem_key import derive_key
 from ..model.spec import TaskSpec
 from ..model.timing import Timing
 from ..push import producer
@@ -110,6 +119,12 @@ def read_entries(app: Any) -> tuple[list[Entry], list[Rejected]]:
             entries.append(_entry(app, str(name), raw))
         except _Reject as exc:
             rejected.append(Rejected(str(name), exc.problem, str(exc)))
+        except Exception as exc:  # one entry's fault is that entry's alone
+            # Anything else an entry's values raise (a key function, a mapping that
+            # fails to read) rejects that entry, reported like the others, never the
+            # whole schedule: the scanner fires every entry from this list.
+            detail = f"reading it raised {type(exc).__name__}: {exc}"
+            rejected.append(Rejected(str(name), Problem.BAD_ENTRY, detail))
     return entries, rejected
 
 
@@ -171,13 +186,19 @@ def tick_id(
     return found
 
 
+def tick_key(entry: str, tick_ms: int) -> str:
+    """The idempotency key an idempotent task's tick is pushed under: the tick's own,
+    which no other push shares (see the module's decision)."""
+    return f"periodic:{entry}@{tick_ms}"
+
+
 def entry_tick_id(app: Any, entry: Entry, tick_ms: int, keys: KeySpace) -> str:
-    """:func:`tick_id` of one of the app's entries (its task's claim, if idempotent)."""
+    """:func:`tick_id` of one of the app's entries (in the partition of its tick's
+    idempotency claim, :func:`tick_key`, if its task is idempotent)."""
     spec: TaskSpec = app.tasks[entry.task].relier_spec
     claim = None
     if spec.idempotent:
-        key = derive_key(spec.idempotency_key, entry.args, dict(entry.kwargs or {}))
-        claim = keys.idempotency(spec.name, key)
+        claim = keys.idempotency(spec.name, tick_key(entry.name, tick_ms))
     return tick_id(entry.name, tick_ms, keys, claim)
 
 
@@ -227,6 +248,10 @@ def fire_due(app: Any, config: Config, now_ms: int) -> int:
 
 
 _warned: set[tuple[str, str]] = set()  # (entry, problem) logged by this process
+# entry -> the failure last logged for it by this process, until the entry settles:
+# a failure that repeats at every pass is logged once, with its traceback, not every
+# pass; a different one, or the same after a success, is logged again.
+_failing: dict[str, str] = {}
 
 
 class _Firing:
@@ -251,14 +276,16 @@ class _Firing:
         retry_at = self.now_ms + int(self.config.scan_interval_s * 1000)
         next_due = self.now_ms + _IDLE_MS
         for entry, last in zip(entries, lasts, strict=True):
+            # Everything about one entry, its next tick included, inside its own try:
+            # one entry's failure never stops the others' ticks (issue #35).
             try:
                 settled = self._entry(entry, None if last is None else int(last))
-            except Exception:
-                logger.exception(
-                    "periodic entry=%s: firing failed; a later pass retries", entry.name
-                )
-                settled = False
-            nxt = entry.schedule.next_after(self.now_ms)
+                nxt = entry.schedule.next_after(self.now_ms)
+            except Exception as exc:
+                _failed(entry.name, exc)
+                next_due = min(next_due, retry_at)
+                continue
+            _failing.pop(entry.name, None)
             next_due = min(next_due, nxt if settled else min(nxt, retry_at))
         return next_due
 
@@ -315,7 +342,7 @@ class _Firing:
         spec = self.app.tasks[entry.task].relier_spec
         task_id = entry_tick_id(self.app, entry, tick, KeySpace.of(self.config))
         try:
-            producer.push(
+            receipt = producer.push(
                 spec,
                 self.app,
                 entry.args,
@@ -323,6 +350,7 @@ class _Firing:
                 task_id=task_id,
                 queue=entry.queue,
                 when=Timing(eta_ms=tick),
+                idempotency_key=tick_key(entry.name, tick) if spec.idempotent else None,
                 on_commit=False,
             )
         except DuplicateTaskId:
@@ -343,6 +371,16 @@ class _Firing:
                 exc.retry_after_s,
             )
             return False
+        if receipt.deduplicated:
+            # Only this tick's own push holds its key: it was pushed already. Said as
+            # such, never as "fired": nothing new will run.
+            logger.info(
+                "periodic entry=%s tick=%s already pushed task_id=%s (deduplicated)",
+                entry.name,
+                _iso(tick),
+                receipt.duplicate_of or receipt.task_id,
+            )
+            return True
         logger.info(
             "periodic entry=%s tick=%s fired task=%s task_id=%s",
             entry.name,
@@ -351,6 +389,20 @@ class _Firing:
             task_id,
         )
         return True
+
+
+def _failed(entry: str, exc: Exception) -> None:
+    """Log an entry's failed pass: at ERROR with its traceback the first time, at DEBUG
+    while the same failure repeats (see ``_failing``)."""
+    seen = f"{type(exc).__name__}: {exc}"
+    if _failing.get(entry) == seen:
+        logger.debug("periodic entry=%s: firing failed again: %s", entry, seen)
+        return
+    _failing[entry] = seen
+    logger.error(
+        "periodic entry=%s: firing failed; a later pass retries (logged once while it "
+        "repeats)", entry, exc_info=exc,
+    )  # fmt: skip
 
 
 def _iso(ms: int) -> str:

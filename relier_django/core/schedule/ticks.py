@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
@@ -25,6 +26,14 @@ CATCH_UP_LIMIT = 10
 _WALK_LIMIT = 2_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
+
+MAX_INTERVAL_S = 100 * 365 * 86_400
+"""The longest interval an entry may have: 100 years, in seconds. Ticks fall on the
+multiples of the interval since the epoch, and each is pushed with its tick as its due
+time, which a push holds before 9999-12-31 (``model.timing.LATEST_MS``); a century
+keeps every tick thousands of years inside that, and no real schedule comes near it
+(a yearly job is a ``crontab``). An infinite interval would stop every entry: its
+next tick cannot even be computed."""
 
 
 class Missed(enum.StrEnum):
@@ -108,7 +117,9 @@ def parse_schedule(value: Any, tz: tzinfo) -> Schedule:
     ``crontab``) as a :class:`Schedule`.
 
     Raises:
-        ValueError: any other value, or an interval that is not > 0.
+        ValueError: any other value, or an interval that is not a finite number of
+            seconds from 0.001 to :data:`MAX_INTERVAL_S` (infinite, NaN, zero or
+            negative ones included).
     """
     if isinstance(value, crontab):
         return Cron(value, tz)
@@ -117,10 +128,17 @@ def parse_schedule(value: Any, tz: tzinfo) -> Schedule:
     if isinstance(value, timedelta):
         value = value.total_seconds()
     if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"an interval must be a finite number of seconds > 0, got {value!r}")
+        if value > MAX_INTERVAL_S:
+            raise ValueError(
+                f"an interval must be at most {MAX_INTERVAL_S} seconds (100 years), got "
+                f"{value!r}; a rare job is a celery.schedules.crontab"
+            )
         step_ms = round(value * 1000)
         if step_ms >= 1:
             return Every(step_ms)
-        raise ValueError(f"an interval must be > 0 seconds, got {value!r}")
+        raise ValueError(f"an interval must be at least 0.001 seconds, got {value!r}")
     raise ValueError(
         f"{value!r} is not a number of seconds, a timedelta or a celery.schedules.crontab"
     )

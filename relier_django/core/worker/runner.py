@@ -470,9 +470,10 @@ class Runner:
         return call
 
     def _record(self, result: Any, fence: int) -> str | Failure:
-        """The result as committed, or the DLQ failure of one that is not JSON."""
+        """The result as committed, or the DLQ failure of one that is not JSON or is
+        larger than ``RESULT_MAX_BYTES``."""
         try:
-            return outcome.succeeded(result, fence)
+            record = outcome.succeeded(result, fence)
         except (TypeError, ValueError, RecursionError) as exc:
             # RecursionError: nested deeper than json can write. Uncaught, it would
             # escape the runner and the task would come back until resurrection_limit.
@@ -482,6 +483,13 @@ class Runner:
                 f"the task returned a {type(result).__name__}, which is not JSON: {exc}",
                 worker=self.worker,
             )
+        # Checked before commit.lua: a result Redis refuses would fail the commit, the
+        # task would be resurrected and its body run again, max_resurrections + 1 times,
+        # to land in the DLQ as resurrection_limit. Refused here, it runs once.
+        too_large = outcome.too_large(record, self.config.result_max_bytes)
+        if too_large is not None:
+            return Failure(Reason.RESULT_TOO_LARGE, "ResultTooLarge", too_large, worker=self.worker)
+        return record
 
     def _committed(self, env: Envelope, done: Transition) -> bool:
         if done.accepted:
