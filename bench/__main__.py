@@ -9,6 +9,7 @@ from bench import (
     cluster_cost,
     delivery,
     dlq_pages,
+    pop_trace,
     push_overhead,
     report,
     resurrector_pass,
@@ -22,6 +23,8 @@ from bench import (
 BENCHMARKS = {
     "push_overhead": (push_overhead.main, []),
     "delivery": (delivery.main, ["--big"]),  # 500 x 5 kills, 2,000 x 10, then a disrupted round
+    # Whole-worker SIGKILLs before and after take.lua: 50 idle, 50 at 200 pushes/s.
+    "pop_trace": (pop_trace.main, []),
     "dlq_pages": (dlq_pages.main, []),  # 1,000,000 entries
     "admission": (admission.main, []),  # against the anchor, relier 0.1.7
     "throughput": (throughput.main, []),  # no-op and 10 ms tasks vs vanilla / acks_late
