@@ -36,7 +36,7 @@ from testproject.harness import RedisServer
 from .. import evidence
 from ..evidence import Evidence
 from ..invariants import Check
-from ..runner import Item, Options, Run
+from ..runner import Item, Run
 from . import Scenario
 from .common import faulted_run
 
@@ -51,14 +51,6 @@ MIN_SPAN_S = 12.0  # the steady producer's least span: it still pushes through t
 # A scanner's step that raised: "<LEVEL> relier_django.resurrector <step> failed scanner=..."
 # (WARNING when the store was away, ERROR otherwise).
 _FAILED_STEP = re.compile(r"(?:WARNING|ERROR) relier_django\.\w+ (.+?) failed scanner=")
-
-
-def _grace_s(opts: Options) -> float:
-    # A partitioned store keeps kombu's BRPOP (take.lua cannot name a task's keys in a
-    # partition): a worker SIGKILLed between kombu's pop and its record takes the message
-    # along, and only the queued grace brings the task back (an hour by default;
-    # docs/architecture.md, a pop that leaves a trace).
-    return round(10 + opts.tasks * 0.1, 1)
 
 
 class _Clients:
@@ -266,7 +258,9 @@ CLUSTER_DELIVERY = Scenario(
     env=lambda opts: {
         "RELIER_CLUSTER": "true",
         "RELIER_PARTITIONS": str(PARTITIONS),
-        "RELIER_QUEUED_GRACE_S": str(_grace_s(opts)),
+        # The queued grace at its default (an hour): the workers take from the broker
+        # (the run's plain Redis) with take_inflight.lua, and the scanner puts back what
+        # a dead one took (docs/architecture.md, a pop that leaves a trace).
     },
     setup=cluster_setup,
 )

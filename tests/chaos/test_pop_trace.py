@@ -16,11 +16,13 @@ import os
 import signal
 import time
 
+import pytest
+
 from relier_django.core.model import config
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from testproject.demo import tasks
-from testproject.harness import wait_until
+from testproject.harness import process_pointed_at, wait_until
 
 KEYS = KeySpace("rl")
 QUICK_SCAN = {"RELIER_SCAN_INTERVAL_S": "0.5"}
@@ -37,24 +39,36 @@ def _start_ms(client, task_id: str) -> int | None:  # type: ignore[no-untyped-de
     return int(time.time() * 1000) if client.exists(KEYS.result(task_id)) else None
 
 
+@pytest.mark.parametrize("broker", ["the store's database", "another database"])
 def test_a_push_right_after_a_whole_worker_sigkill_is_taken_by_the_next_worker(
-    worker_factory, redis_client
+    worker_factory, redis_server, redis_client, broker
 ):
     """An idle worker is SIGKILLed (main process and pool at once) and a task is pushed
     within a millisecond, while its blocking wait may still be outstanding in Redis;
     the worker started next runs it, every round. Before the fix a push in that instant
-    went into the dead socket in most rounds (11 of 12 measured) and waited an hour."""
+    went into the dead socket in most rounds (11 of 12 measured) and waited an hour.
+    With the broker on the store's database the take marks the task held (take.lua);
+    on another one it keeps a copy in the taker's in-flight record (take_inflight.lua),
+    which the scanner puts back when it finds the taker dead."""
+    env = dict(QUICK_SCAN)
+    if broker == "another database":
+        env["CELERY_BROKER_URL"] = redis_server.url.rsplit("/", 1)[0] + "/1"
+    with process_pointed_at(env):
+        _rounds(worker_factory, env)
+
+
+def _rounds(worker_factory, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
     client = sync_client(config.current())
     late = []
     for n in range(ROUNDS):
-        doomed = worker_factory(name=f"doomed{n}", extra_env=QUICK_SCAN)
+        doomed = worker_factory(name=f"doomed{n}", extra_env=env)
         time.sleep(0.3)  # idle: its blocking wait is outstanding
         assert doomed.process is not None
         os.killpg(doomed.process.pid, signal.SIGKILL)
         receipt = tasks.work.push(f"pt-{n}", 0.0)
         doomed.kill()  # reaps it
         pushed = time.monotonic()
-        taker = worker_factory(name=f"taker{n}", extra_env=QUICK_SCAN)
+        taker = worker_factory(name=f"taker{n}", extra_env=env)
         try:
             wait_until(lambda r=receipt: r.status == "SUCCESS", BOUND_S, what=f"round {n}")
         except TimeoutError:

@@ -9,10 +9,11 @@ hold the same state (keys, values, counts, history, which keys have a TTL) eithe
 the client's replay is recognised (request tokens, "already mine" answers) instead of
 acting twice.
 
-Three scripts are never replayed by design, because their callers make one attempt:
+Four scripts are never replayed by design, because their callers make one attempt:
 ``admit.lua`` (the standalone admission check, on a pipelined connection without
-retries), ``ratelimit.lua`` (a view's hit, on a fail-fast client) and ``take.lua`` (a
-worker's take, on kombu's consuming connection, which never resends a command). For
+retries), ``ratelimit.lua`` (a view's hit, on a fail-fast client), ``take.lua`` and
+``take_inflight.lua`` (a worker's take, on kombu's consuming connection, which never
+resends a command). For
 them the lost reply reaches the caller as a ConnectionError (or the view's documented
 fallback), and the state is that of one call: a unit is never counted twice, and a
 message taken is marked held by its taker, which is how it comes back (one TTL later,
@@ -383,6 +384,28 @@ def take(cfg: config.Config, client: redis.Redis) -> Any:
     return taker.taken(reply)
 
 
+def take_inflight(cfg: config.Config, client: redis.Redis) -> Any:
+    # A broker apart from the store: the take keeps a copy in the taker's record.
+    message = json.dumps({"body": "", "headers": {"id": TASK_ID, MARKER_HEADER: 1}})
+    client.lpush("celery", message)
+    taker = intake.InflightIntake("w1@host:1")
+    bells = [transport.bell_of("celery")]
+    kombus = sync_client(cfg, fail_fast=True)  # one attempt, as kombu's connection makes
+    try:
+        reply = kombus.execute_command(*taker.command(["celery"], bells))
+    except redis.exceptions.NoScriptError as exc:
+        assert taker.failed(exc)
+        reply = kombus.execute_command(*taker.command(["celery"], bells))
+    return taker.taken(reply)
+
+
+def restore_inflight(cfg: config.Config, client: redis.Redis) -> Any:
+    record = transport.inflight_of("w1@host:1")
+    client.hset(record, mapping={"#": 2, "1": "6:celery" + "first", "2": "6:celery" + "second"})
+    call = scripts.ScriptCall(scripts.RESTORE_INFLIGHT, [record], [scripts.REPLAY_WINDOW_MS], int)
+    return call.run(client)
+
+
 def admit(cfg: config.Config, client: redis.Redis) -> Any:
     found = admission.limits(_keys(cfg), cfg, "t", Rate.parse("5/m"))
     return asyncio.run(admission.acheck(found, cfg))
@@ -422,6 +445,8 @@ CASES: dict[str, Case] = {
     "presence": Case(presence),
     "orphans": Case(orphans),
     "take": Case(take, replayed=False),
+    "take_inflight": Case(take_inflight, replayed=False),
+    "restore_inflight": Case(restore_inflight),
     "admit": Case(admit, replayed=False),
     "ratelimit": Case(ratelimit_, replayed=False),
 }
@@ -567,7 +592,7 @@ def _layouts() -> list[Any]:
     docs/scaling.md: each key in its partition's slot, the absent keys named in it),
     except chains' and chords', which a partitioned store refuses at push
     (tests/unit/test_partitions.py), and take.lua, which runs on an unpartitioned store
-    only (a worker on a partitioned one takes with kombu's BRPOP)."""
+    only (a worker on a partitioned one takes with take_inflight.lua, on the broker)."""
     cases = []
     for name in [*_script_names(), *VARIANTS]:
         cases.append(pytest.param(name, 1, id=f"{name}-plain"))

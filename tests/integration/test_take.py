@@ -8,6 +8,7 @@ SIGKILL this closes is in tests/chaos/test_pop_trace.py.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -185,3 +186,60 @@ def test_a_worker_takes_its_messages_with_take_lua(worker_factory, store):
     assert receipt.get(timeout=30)["label"] == "by-a-worker"
     assert store.script_exists(scripts.TAKE.sha) == [True]
     assert app.conf.broker_url == config.current().redis_url
+
+
+# --- a Redis broker that is not the store: take_inflight.lua, restore_inflight.lua ----
+
+
+def _take_kept(client, taker, lists: list[str]):  # type: ignore[no-untyped-def]
+    bells = [transport.bell_of(name) for name in lists]
+    try:
+        reply = client.execute_command(*taker.command(lists, bells))
+    except redis.exceptions.NoScriptError as exc:
+        assert taker.failed(exc)
+        reply = client.execute_command(*taker.command(lists, bells))
+    return taker.taken(reply)
+
+
+def test_a_take_apart_from_the_store_keeps_a_relier_message_until_the_next_take(connection, store):
+    """The copy covers the message from its pop until its taker registered it (Celery
+    sends task_received while it delivers, before the channel takes again); a message
+    that is not relier's keeps kombu's handling and no copy."""
+    taker = intake.InflightIntake(WORKER)
+    record = transport.inflight_of(WORKER)
+    _publish(connection, "kept-1", fence=1)
+    _publish(connection, "plain-3", fence=None)
+    first = _take_kept(store, taker, ["tq"])
+    assert first is not None and '"relier_fence"' in first[1]
+    assert store.hlen(record) == 2  # the counter and one copy
+    second = _take_kept(store, taker, ["tq"])
+    assert second is not None and '"relier_fence"' not in second[1]
+    assert store.hkeys(record) == ["#"]  # the first one's copy dropped by this take
+    assert _take_kept(store, taker, ["tq"]) is None
+
+
+def test_a_dead_takers_copies_go_back_to_the_head_of_their_queues_once(connection, store):
+    from relier_django.core.recovery import inflight
+    from testproject.celery import app as celery_app
+
+    taker = intake.InflightIntake(WORKER)
+    for label in ("a", "b", "c"):
+        _publish(connection, f"kept-{label}", fence=1)
+    taken = [_take_kept(store, taker, ["tq"]) for _ in range(2)]  # a, then b: a's dropped
+    _publish(connection, "kept-d", fence=1)  # waits behind c
+    assert inflight.restore(celery_app, [WORKER]) == 1  # b: taken, never registered
+    assert inflight.restore(celery_app, [WORKER]) == 1  # answered the same, nothing more
+    assert [json.loads(m)["headers"]["id"] for m in reversed(store.lrange("tq", 0, -1))] == [
+        "kept-b", "kept-c", "kept-d",
+    ]  # fmt: skip
+    assert taken[1] is not None and json.loads(taken[1][1])["headers"]["id"] == "kept-b"
+
+
+def test_a_worker_that_shuts_down_drops_its_in_flight_record(connection, store):
+    taker = intake.InflightIntake(WORKER)
+    _publish(connection, "kept-e", fence=1)
+    assert _take_kept(store, taker, ["tq"]) is not None
+    assert store.exists(transport.inflight_of(WORKER)) == 1
+    with connection.channel().conn_or_acquire() as client:
+        taker.release(client)
+    assert store.exists(transport.inflight_of(WORKER)) == 0

@@ -23,10 +23,12 @@ never waits behind the backlog of a worker's other queues.
 **A pop that leaves a trace.** kombu's worker waits on ``BRPOP`` over its queues. A
 worker SIGKILLed while that command is outstanding leaves it to Redis, which pops the
 next message pushed into a socket the kernel has not closed yet: gone, its task
-covered only by ``QUEUED_GRACE_S``. When the broker is the store's own Redis, a worker
-given a :class:`Taker` (``use_taker``: ``worker/intake.py`` installs one) takes every
-message with ``take.lua`` instead, which pops it and marks its task held by the worker
-in one step; and it waits, when every queue is empty, on the queues' *doorbells*
+covered only by ``QUEUED_GRACE_S``. A worker given a :class:`Taker` (``use_taker``:
+``worker/intake.py`` installs one) takes every message with a script instead: on the
+store's own Redis ``take.lua``, which pops it and marks its task held by the worker in
+one step; on another Redis, ``take_inflight.lua``, which keeps a copy in the worker's
+in-flight record (:func:`inflight_of`) until the worker registered it. It waits, when
+every queue is empty, on the queues' *doorbells*
 (:func:`bell_of`) with ``BZPOPMIN``, which pops only a doorbell. Whoever queues a
 message rings its list's doorbell (this transport's publishes, ``push.lua`` and
 ``commit.lua``); a message queued without a ring (another transport's producer, a
@@ -126,6 +128,13 @@ class QoS(kombu_redis.QoS):
                     count, what, type(exc).__name__, exc,
                 )  # fmt: skip
         self._delivered.clear()
+        taking = getattr(self.channel, "_taking", None)
+        if isinstance(taking, _Taking):
+            try:
+                with self.channel.conn_or_acquire(client) as conn:
+                    taking.taker.release(conn)
+            except Exception as exc:
+                logger.warning("could not drop this worker's in-flight record: %s", exc)
 
     def _requeue(self, messages: list[Any], leftmost: bool, client: Any = None) -> None:
         # kombu's own restore (same side of the list, same redelivered flag), from the
@@ -176,6 +185,15 @@ RING = ("ring", 0)
 """The doorbell's one member and its score: ringing twice is ringing once."""
 
 
+def inflight_of(worker: str) -> str:
+    """The in-flight record of a worker that takes with ``take_inflight.lua`` (a Redis
+    broker that is not the store): a hash of the relier messages it took and has not
+    registered yet, in the broker's keyspace (kombu's ``global_keyprefix`` not
+    included). The scanner that finds the worker dead puts them back
+    (``recovery/inflight.py``)."""
+    return f"_relier.inflight.{worker}"
+
+
 class Taker(Protocol):
     """How a channel takes one message (``worker/intake.py``): the command to send on
     the channel's connection, and its reply read back."""
@@ -191,6 +209,11 @@ class Taker(Protocol):
     def failed(self, error: redis.exceptions.ResponseError) -> bool:
         """An error reply to the command: True when the next command mends it (a
         script Redis no longer has), False to raise it."""
+
+    def release(self, client: Any) -> None:
+        """The channel closes on purpose (a warm shutdown), every message it did not
+        start put back: drop what the taker kept of its takes (``client``: kombu's
+        redis client of the channel)."""
 
 
 _taker_factory: Callable[[Any], Taker | None] | None = None
@@ -236,16 +259,15 @@ def _put_ringing(channel: Any, queue: str, message: Any, **kwargs: Any) -> None:
         pipe.execute()
 
 
-class Channel(kombu_redis.Channel):
-    QoS = QoS
+class _Takes(kombu_redis.Channel):
+    """The consuming side of :class:`Channel` and :class:`SentinelChannel`: a channel
+    given a :class:`Taker` takes with it and waits on doorbells; one given none keeps
+    kombu's ``BRPOP``."""
+
     _taking: _Taking | _Unset | None = _Unset()
     # kombu's, typed here: the connection a command is awaited on, and since when.
     _in_poll: Any = False
     _brpop_sent_at: Any = None
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _recovery_first(self)
 
     def _taking_now(self) -> _Taking | None:
         if isinstance(self._taking, _Unset):
@@ -311,20 +333,26 @@ class Channel(kombu_redis.Channel):
     _put = _put_ringing
 
 
-class Transport(kombu_redis.Transport):
-    """kombu's ``redis://`` transport with :class:`QoS`."""
-
-    Channel = Channel
-
-
-class SentinelChannel(kombu_redis.SentinelChannel):
+class Channel(_Takes):
     QoS = QoS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _recovery_first(self)
 
-    _put = _put_ringing
+
+class Transport(kombu_redis.Transport):
+    """kombu's ``redis://`` transport with :class:`QoS`."""
+
+    Channel = Channel
+
+
+class SentinelChannel(_Takes, kombu_redis.SentinelChannel):
+    QoS = QoS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _recovery_first(self)
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):

@@ -25,7 +25,7 @@ from ..schedule import periodic
 from ..schedule.dispatch import Dispatcher
 from ..store import liveness, scripts
 from ..store.connection import home_client, refresh_home
-from . import deaths
+from . import deaths, inflight
 from .resurrector import PassReport, Resurrector
 
 logger = logging.getLogger("relier_django.resurrector")
@@ -177,6 +177,7 @@ class Scanner:
         keys, client = self.resurrector.keys, self.resurrector.client
         held = deaths.held_by(client, keys, {w: seen for w, (seen, _) in self._dead.items()})
         handed = deaths.hand_off(keys, held).run(client) if held else 0
+        self._put_back(list(self._dead))
         self.deaths.forget(self._dead)
         if held:
             logger.warning(
@@ -185,6 +186,20 @@ class Scanner:
             )  # fmt: skip
         self._dead.clear()
         return handed
+
+    def _put_back(self, workers: list[str]) -> None:
+        """The messages the dead workers took and had not registered, back in their
+        queues (a Redis broker apart from the store keeps copies of them:
+        ``recovery/inflight.py``)."""
+        try:
+            inflight.restore(self.app, workers)
+        except Exception:
+            # Their tasks are still found: the ones marked held by the hand-off above,
+            # the rest by their queued grace.
+            logger.warning(
+                "could not put back the messages taken by dead worker(s) %s", workers,
+                exc_info=True,
+            )  # fmt: skip
 
     def _newly_due(self) -> bool:
         """True when a deadline passed since the last check (a hand-off, a TTL)."""

@@ -166,6 +166,9 @@ TICK = _load("tick")  # schedule.periodic: claim a periodic tick
 TICK_DONE = _load("tick_done")  # schedule.periodic: record a tick handled
 PRESENCE = _load("presence")  # worker.reservations: a worker says it is alive, or leaves
 TAKE = _load("take")  # worker.intake: take a message and mark its task held, in one step
+# worker.intake: take a message, keeping a copy until it is registered (broker apart)
+TAKE_INFLIGHT = _load("take_inflight")
+RESTORE_INFLIGHT = _load("restore_inflight")  # recovery.inflight: a dead taker's copies back
 ORPHANS = _load("orphans")  # recovery.deaths: hand off the tasks of a holder found dead
 SCHEDULE_TAKE = _load("schedule_take")  # schedule.dispatch: lease the due tasks
 SCHEDULE_SENT = _load("schedule_sent")  # schedule.dispatch: the broker took them
@@ -185,7 +188,8 @@ OWNERS: dict[LuaScript, str] = {
     RELEASE_ABORT: "dlq.release", DLQ_DELETE: "dlq.store", LOCK_ACQUIRE: "extras.lock",
     LOCK_EXTEND: "extras.lock", LOCK_RELEASE: "extras.lock", RATELIMIT: "extras.ratelimit",
     TICK: "schedule.periodic", TICK_DONE: "schedule.periodic",
-    PRESENCE: "worker.reservations", TAKE: "worker.intake", ORPHANS: "recovery.deaths",
+    PRESENCE: "worker.reservations", TAKE: "worker.intake", TAKE_INFLIGHT: "worker.intake",
+    RESTORE_INFLIGHT: "recovery.inflight", ORPHANS: "recovery.deaths",
     SCHEDULE_TAKE: "schedule.dispatch", SCHEDULE_SENT: "schedule.dispatch",
     CANCEL: "store.cancel",
 }  # fmt: skip

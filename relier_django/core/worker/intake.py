@@ -14,11 +14,16 @@ a message taken this way: its registration happened in the take. What is left to
 kombu: the wait itself, on the queues' doorbells (``broker/transport.py``), and every
 message that is not relier's, which keeps kombu's own handling.
 
-Applies when the broker is kombu's Redis transport on the store's own server and
-database (``publish.colocated``) and the store is not partitioned (the script names
-the task's hash from the message). Elsewhere the worker keeps kombu's ``BRPOP``:
-RabbitMQ gives a dead consumer's unacknowledged messages back at once; a separate
-Redis broker keeps the window, covered by ``QUEUED_GRACE_S`` (docs/operations.md).
+That applies when the broker is kombu's Redis transport on the store's own server and
+database (``publish.colocated``) and the store is not partitioned (the script names the
+task's hash from the message). On any other Redis broker (another server or database,
+Sentinel) or with a partitioned store, the worker takes with ``take_inflight.lua``
+(:class:`InflightIntake`): it keeps a copy of each relier message it takes in its
+in-flight record on the broker (``transport.inflight_of``) until it has registered the
+message (``reservations.py``, one round trip as before), and drops those copies in its
+next take; the scanner that finds it dead puts its copies back in their queues
+(``recovery/inflight.py``). RabbitMQ needs neither: it gives a dead consumer's
+unacknowledged messages back at once.
 """
 
 from __future__ import annotations
@@ -73,10 +78,58 @@ class Intake:
         return _text(queue_list), _text(message)
 
     def failed(self, error: redis.exceptions.ResponseError) -> bool:
-        if isinstance(error, redis.exceptions.NoScriptError) or "NOSCRIPT" in str(error):
+        if _missing_script(error):
             self._load = True
             return True
         return False
+
+    def release(self, client: Any) -> None:
+        pass  # nothing kept: every message it took marked its task in the store
+
+
+class InflightIntake:
+    """``take_inflight.lua`` for one kombu channel on a Redis broker that is not the
+    store: the take keeps a copy of a relier message in the taker's in-flight record,
+    dropped at the next take (the message is registered by then: Celery sends
+    ``task_received`` while it delivers, before the channel takes again)."""
+
+    def __init__(self, worker: str, prefix: str = "") -> None:
+        self.name = transport.inflight_of(worker)
+        self.record = prefix + self.name  # sent as is: kombu's prefixing is not applied
+        self._kept: list[int] = []  # copies of messages delivered since the last take
+        self._load = False
+
+    def command(self, queue_lists: Sequence[str], bells: Sequence[str]) -> list[Any]:
+        keys = [*queue_lists, *bells, self.record]
+        drop, self._kept = self._kept, []
+        args = [len(queue_lists), MARKER_HEADER, *drop]
+        if self._load:
+            return ["EVAL", scripts.TAKE_INFLIGHT.source, len(keys), *keys, *args]
+        return ["EVALSHA", scripts.TAKE_INFLIGHT.sha, len(keys), *keys, *args]
+
+    def taken(self, reply: Any) -> tuple[str, str] | None:
+        self._load = False
+        if not reply:
+            return None
+        queue_list, message, kept = reply
+        if int(kept):
+            self._kept.append(int(kept))
+        return _text(queue_list), _text(message)
+
+    def failed(self, error: redis.exceptions.ResponseError) -> bool:
+        if _missing_script(error):
+            self._load = True
+            return True
+        return False
+
+    def release(self, client: Any) -> None:
+        # Everything this worker took is put back or registered: its record can go.
+        # (kombu's client adds its global_keyprefix to DEL's key: the bare name.)
+        client.delete(self.name)
+
+
+def _missing_script(error: redis.exceptions.ResponseError) -> bool:
+    return isinstance(error, redis.exceptions.NoScriptError) or "NOSCRIPT" in str(error)
 
 
 def _text(value: Any) -> str:
@@ -84,26 +137,25 @@ def _text(value: Any) -> str:
 
 
 def install(config: Config, worker: str) -> None:
-    """Make this worker process take its messages with ``take.lua`` wherever its
-    broker channel is the store's own Redis. Opens the process's liveness connection
-    first, so that a task it marks held is always that of a process the scanners can
-    find dead. Called in the main process before it consumes (``celeryd_after_setup``)."""
+    """Make this worker process take its messages with ``take.lua`` where its broker
+    channel is the store's own Redis, else with ``take_inflight.lua``. Opens the
+    process's liveness connection first, so that what it takes is always held by a
+    process the scanners can find dead. Called in the main process before it consumes
+    (``celeryd_after_setup``); a broker that is not kombu's Redis (RabbitMQ) never
+    asks for a taker."""
     keys = KeySpace.of(config)
-    if keys.tagged:
-        logger.info("messages are taken with BRPOP: the store is partitioned")
-        transport.use_taker(None)
-        return
     liveness.hold(config, worker)
 
-    def factory(channel: Any) -> Intake | None:
+    def factory(channel: Any) -> Intake | InflightIntake:
         global _takes_here
-        if not publish.colocated(channel, sync_client(config)):
-            logger.info(
-                "messages are taken with BRPOP: the broker is not the store's Redis, so a "
-                "worker killed with a pop outstanding leaves its message to QUEUED_GRACE_S"
-            )
-            return None
-        _takes_here = True
-        return Intake(config, worker)
+        if not keys.tagged and publish.colocated(channel, sync_client(config)):
+            _takes_here = True
+            return Intake(config, worker)
+        logger.info(
+            "messages are taken with take_inflight.lua: the broker is not the store's "
+            "Redis%s, so a copy of each message stays in this worker's in-flight record "
+            "until it is registered", " (the store is partitioned)" if keys.tagged else "",
+        )  # fmt: skip
+        return InflightIntake(worker, str(getattr(channel, "global_keyprefix", "") or ""))
 
     transport.use_taker(factory)
