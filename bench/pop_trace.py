@@ -45,13 +45,9 @@ from bench.throughput import _cpu_s, _wait_done
 
 LATE_S = 10.0
 SETTLE_S = 40.0  # past one TTL, a death check and a restart: anything later waited
-QUEUE = "bench.pop"
+QUEUE = "celery"  # Celery's default queue, where the producer's pushes go
 STANDBY_QUEUE = "bench.standby"
-ENV = {
-    "RELIER_SCAN_INTERVAL_S": "0.5",
-    "CELERY_TASK_DEFAULT_QUEUE": QUEUE,
-    "CELERY_WORKER_PREFETCH_MULTIPLIER": "4",
-}
+ENV = {"RELIER_SCAN_INTERVAL_S": "0.5", "CELERY_WORKER_PREFETCH_MULTIPLIER": "4"}
 TAKE = "relier_django/core/store/lua/take.lua"
 
 
@@ -137,10 +133,11 @@ def idle_round(code: Path | None, kills: int, log_dir: Path) -> dict:
                 worker.kill()  # reaps it
                 worker.start()  # the supervisor
             _settle(client, pushed)
+            waits = _waits(client, pushed)
         finally:
             worker.stop()
             standby.stop()
-    return _verdict(_waits(client, pushed), kills)
+    return _verdict(waits, kills)
 
 
 def busy_round(code: Path | None, kills: int, rate: float, every_s: float, log_dir: Path) -> dict:
@@ -174,11 +171,12 @@ def busy_round(code: Path | None, kills: int, rate: float, every_s: float, log_d
             stop.set()
             thread.join()
             _settle(client, pushed)
+            waits = _waits(client, pushed)
         finally:
             stop.set()
             for worker in workers:
                 worker.stop()
-    return _verdict(_waits(client, pushed), kills)
+    return _verdict(waits, kills)
 
 
 def _settle(client, pushed: dict[str, float]) -> None:  # type: ignore[no-untyped-def]
@@ -221,7 +219,7 @@ def main() -> dict:
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--every", type=float, default=2.0)
     parser.add_argument("--noop", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=2, help="throughput pairs")
+    parser.add_argument("--rounds", type=int, default=6, help="throughput pairs")
     args = parser.parse_args()
     result: dict = {"sizes": vars(args), "before": {}, "after": {}}
     with before_checkout() as old, tempfile.TemporaryDirectory(prefix="relier-pop-") as logs:
