@@ -81,6 +81,11 @@ FATES = [
         "fails into the DLQ; released, it commits", releases=True,
     ),
     Fate(
+        "late release", "fail", DEFAULT_QUEUE, fates.release_late, 20,
+        "fails into the DLQ; released after its workflow's 7-day state expired",
+        releases=True, late=True,
+    ),
+    Fate(
         "cancel", "", PARKED_QUEUE, fates.cancel_before_start, 20,
         "cancelled before it starts", join=fates.park, leave=fates.unpark, cancels=True,
     ),
@@ -100,14 +105,23 @@ FATES = [
         workflow_queue=LOSSY_QUEUE, join=fates.arm_lost_replies,
     ),
 ]
-# fmt: on
 EXCLUDED = [
     Exclusion(
         {"trigger": "periodic tick", "transaction": "outbox"},
         "a tick is pushed by a scanner, never inside a user's transaction: it has no "
         "outbox row (an atomic=True entry is the inbox cell)",
     ),
+    Exclusion(
+        {
+            "trigger": ("direct push", "countdown", "periodic tick", "chain head", "chain step",
+                        "group member"),
+            "fate": "late release",
+        },
+        "only a chord keeps state with a TTL that a release can outlive (a chain carries "
+        "its steps in its envelope; results and claims expire from their commit)",
+    ),
 ]
+# fmt: on
 MATRIX = Matrix(TRIGGERS, IDEMPOTENCY, TRANSACTIONS, FATES, EXCLUDED)
 
 PLAN = sampling.plan()

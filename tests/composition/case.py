@@ -41,6 +41,7 @@ def transaction_of(value: Transaction) -> contextlib.AbstractContextManager[Any]
 
 class Expect(enum.Enum):
     COMMIT = "one commit"
+    ENDED = "one commit, or a DLQ entry with a reason"
     CANCELLED = "the cancelled outcome"
     HELD = "a DLQ entry with reason 'cancelled', holding the rest of its workflow"
     NEVER = "not to exist: the task before it holds it"
@@ -285,6 +286,8 @@ class Case:
         return not (self.cell.fate.releases and state.dlq.reason == "exception")
 
     def expect(self, task: Followed) -> Expect:
+        if self.cell.fate.late and (task.own or task.behind):
+            return Expect.ENDED
         if not self.cell.fate.cancels:
             return Expect.COMMIT
         if task.behind:
@@ -314,7 +317,13 @@ class Case:
             if state.exists or record:
                 self.problem(f"{self.role_of(task.id)}: expected {expect.value}; {seen}")
             return
-        if expect is Expect.COMMIT:
+        if expect is Expect.ENDED and record.get("status") != "ok":
+            if state.dlq is None or not self._ended(task):
+                self.problem(f"{self.role_of(task.id)}: expected {expect.value}; {seen}")
+            elif effects:
+                self.problem(f"{self.role_of(task.id)}: in the DLQ, yet its effect was made")
+            return
+        if expect in (Expect.COMMIT, Expect.ENDED):
             if record.get("status") != "ok":
                 self.problem(f"{self.role_of(task.id)}: expected {expect.value}; {seen}")
                 return
@@ -402,7 +411,9 @@ class Case:
         view = workflows.read(self.lab.observe, self.workflow_id)
         if view is None:
             self.problem(f"no record of the workflow {self.workflow_id}")
-        elif view.state == "PENDING" or (not self.cell.fate.cancels and view.state != "SUCCESS"):
+        elif view.state == "PENDING" or (
+            view.state != "SUCCESS" and not (self.cell.fate.cancels or self.cell.fate.late)
+        ):
             steps = ", ".join(f"{self.role_of(s.task_id)}: {s.status.state}" for s in view.steps)
             self.problem(f"the workflow {self.workflow_id} is {view.state}: {steps}")
 

@@ -40,6 +40,14 @@ def release_failures(case: Case) -> None:
         case.touch(f"released {task.role} from the DLQ (fence {entry.fence})")
 
 
+def release_late(case: Case) -> None:
+    """Release each failure as :func:`release_failures` does, but late: after the state
+    its workflow keeps with a TTL has expired (a chord's, 7 days; deleted here)."""
+    if case.callback is not None and case.lab.redis.delete(case.lab.keys.chord(case.workflow_id)):
+        case.touch("expired the chord's state (its 7-day TTL passed)")
+    release_failures(case)
+
+
 def cancel_before_start(case: Case) -> None:
     """Cancel each of the cell's own tasks once it exists and before it starts (it waits
     in the parked queue, which no worker reads yet; a countdown's in the schedule)."""

@@ -72,6 +72,9 @@ class Fate:
     leave: Callable[[Case], None] = fates.nothing  # after the trigger's waves settled
     releases: bool = False  # its DLQ entries are released: the end is the commit after
     cancels: bool = False  # the end is the cancelled outcome (or the DLQ, see Trigger)
+    # Its workflow may lose state before the test acts: each of its tasks ends in a
+    # commit or in the DLQ with a reason, and the workflow completes or waits there.
+    late: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,13 +108,18 @@ class Cell:
 
 @dataclass(frozen=True)
 class Exclusion:
-    """Every cell whose values are the ones named here (axis -> value name) is left out."""
+    """Every cell whose values are among the ones named here (axis -> a value's name, or
+    a tuple of names) is left out."""
 
-    where: dict[str, str]
+    where: dict[str, str | tuple[str, ...]]
     reason: str
 
+    def names(self, axis: str) -> tuple[str, ...]:
+        named = self.where[axis]
+        return (named,) if isinstance(named, str) else named
+
     def matches(self, cell: Cell) -> bool:
-        return all(getattr(cell, axis).name == value for axis, value in self.where.items())
+        return all(getattr(cell, axis).name in self.names(axis) for axis in self.where)
 
 
 @dataclass(frozen=True)
@@ -137,8 +145,13 @@ class Matrix:
         return [c for c in self._every() if not any(x.matches(c) for x in self.excluded)]
 
     def left_out(self) -> list[tuple[Cell, str]]:
-        """Every cell left out, with its reason."""
-        return [(c, x.reason) for c in self._every() for x in self.excluded if x.matches(c)]
+        """Every cell left out, with the reason of the first exclusion that names it."""
+        out = []
+        for cell in self._every():
+            reasons = [x.reason for x in self.excluded if x.matches(cell)]
+            if reasons:
+                out.append((cell, reasons[0]))
+        return out
 
     def chosen(self, plan: Plan) -> list[Cell]:
         """The cells ``plan`` takes: a covering sample, or all of them."""
