@@ -9,8 +9,8 @@ new feature joins it there, in the commit that adds the feature. Here:
 - ``sampling.py``: which cells a run takes (a covering sample, or all), and its seed.
 - ``triggers.py``, ``fates.py``: what each trigger and each fate does.
 - ``case.py``: one cell's run, its evidence and the invariant it must hold.
-- ``lab.py``: what the cells share (servers, workers, the lost-reply proxy, and the
-  coordinators of whole-worker kills, of the cancel queue and of periodic ticks).
+- ``lab.py``: what the cells share: servers, workers, the lost-reply proxy.
+- ``coordinators.py``: the whole-worker kills, the cancel queue's worker, periodic ticks.
 - ``campaign.py``: the chosen cells, all in flight together.
 
 The tasks the cells call: ``testproject/demo/composition_tasks.py``.
