@@ -43,6 +43,7 @@ from relier_django.core.store import connection
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "Arming",
     "Closed",
     "LostReplyProxy",
     "RespStream",
@@ -71,9 +72,25 @@ _ACCEPT_POLL_S = 0.1
 
 
 @dataclass
-class _Arming:
+class Arming:
+    """One armed drop (what :meth:`LostReplyProxy.drop_reply` returns): ``fired`` once
+    the reply it names was dropped."""
+
     sha: str
     runs_left: int  # runs of the script still to come before the one whose reply goes
+    first_key: bytes | None = None  # only runs whose KEYS[1] is this count
+
+    @property
+    def fired(self) -> bool:
+        return self.runs_left == 0
+
+    def counts(self, sha: str, args: list[bytes]) -> bool:
+        if sha != self.sha:
+            return False
+        # EVALSHA <sha> <numkeys> <KEYS[1]> ...: a run counts if its first key is ours.
+        return self.first_key is None or (
+            len(args) > 3 and args[2] != b"0" and args[3] == self.first_key
+        )
 
 
 class Closed(Exception):
@@ -228,7 +245,7 @@ class LostReplyProxy:
         self._threads: list[threading.Thread] = []
         self._sockets: set[socket.socket] = set()
         self._calls: Counter[str] = Counter()
-        self._armed: list[_Arming] = []
+        self._armed: list[Arming] = []
         self._dropped = 0
         # Malformed frames met (each closed its connection); the fixture asserts none.
         self.protocol_errors: list[ValueError] = []
@@ -286,7 +303,7 @@ class LostReplyProxy:
 
     # --- arming and counting --------------------------------------------------------
 
-    def drop_reply(self, sha: str, nth: int = 1) -> None:
+    def drop_reply(self, sha: str, nth: int = 1, first_key: str | None = None) -> Arming:
         """Lose the reply of the ``nth`` run of script ``sha`` from now on, once.
 
         A run is an EVALSHA/EVALSHA_RO naming ``sha`` or an EVAL/EVAL_RO of a source
@@ -298,11 +315,19 @@ class LostReplyProxy:
         Args:
             sha: the script's SHA-1 (``LuaScript.sha``), hex.
             nth: 1 for the next run, 2 for the one after, and so on.
+            first_key: count only runs whose first key (``KEYS[1]``) is this one: e.g.
+                one task's hash, so that of many clients running the script for many
+                tasks, the chosen task's run loses its reply.
+
+        Returns:
+            The arming; its ``fired`` turns True when the reply is dropped.
         """
         if nth < 1:
             raise ValueError(f"nth must be >= 1, got {nth}")
+        arming = Arming(sha.lower(), nth, first_key.encode() if first_key is not None else None)
         with self._lock:
-            self._armed.append(_Arming(sha.lower(), nth))
+            self._armed.append(arming)
+        return arming
 
     def calls(self, sha: str) -> int:
         """How many times Redis ran script ``sha`` through this proxy (dropped replies
@@ -322,7 +347,7 @@ class LostReplyProxy:
         with self._lock:
             return len(self._armed)
 
-    def _ran(self, sha: str | None, reply: bytes) -> bool:
+    def _ran(self, sha: str | None, args: list[bytes], reply: bytes) -> bool:
         """Count a script run; True if its reply must be dropped."""
         if sha is None or _is_noscript(reply):
             return False
@@ -330,7 +355,7 @@ class LostReplyProxy:
             self._calls[sha] += 1
             fire = False
             for arming in self._armed:
-                if arming.sha == sha:
+                if arming.counts(sha, args):
                     arming.runs_left -= 1
                     fire = fire or arming.runs_left == 0
             self._armed = [arming for arming in self._armed if arming.runs_left]
@@ -410,7 +435,7 @@ class LostReplyProxy:
             while reply[0] == _PUSH:  # out-of-band RESP3 data, not this command's reply
                 client.sendall(reply)
                 reply = read_reply(from_redis)
-            if self._ran(script_sha(args), reply):
+            if self._ran(script_sha(args), args, reply):
                 return  # the lost reply: the caller closes both connections
             client.sendall(reply)
 

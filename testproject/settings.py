@@ -153,7 +153,11 @@ TASKS = {
     }
 }
 # A worker imports an app's tasks.py by itself; any other module of tasks is named here.
-CELERY_IMPORTS = ["testproject.demo.jobs", "testproject.demo.conformance_jobs"]
+CELERY_IMPORTS = [
+    "testproject.demo.jobs",
+    "testproject.demo.conformance_jobs",
+    "testproject.demo.composition_tasks",  # the composition matrix's (tests/composition/)
+]
 
 LOGGING = {
     "version": 1,

@@ -65,11 +65,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ[POSTGRES_URL_ENV] = before
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from tests.composition import sampling
+
+    plan = sampling.plan()  # drawn once per process: the composition test uses the same
+    composition = (
+        f"composition matrix: seed {plan.seed}, {plan.size or 'every'} cell(s) "
+        f"(repeat: {plan.repeat()})"
+    )
     server = config.stash.get(_POSTGRES, None)
     if server is None:
-        return f"PostgreSQL: off ({POSTGRES_URL_ENV} is empty); on_commit tests on SQLite only"
-    return f"PostgreSQL: private server on 127.0.0.1:{server.port}, pid {server.pid}"
+        return [
+            f"PostgreSQL: off ({POSTGRES_URL_ENV} is empty); on_commit tests on SQLite only",
+            composition,
+        ]
+    return [f"PostgreSQL: private server on 127.0.0.1:{server.port}, pid {server.pid}", composition]
 
 
 def _point_databases_at(url: str) -> None:

@@ -142,6 +142,19 @@ def test_an_arming_fires_on_the_nth_run_from_now_and_only_once(lost_reply, redis
     assert (lost_reply.calls(INCR.sha), lost_reply.dropped, lost_reply.armed) == (5, 1, 0)
 
 
+def test_an_arming_on_a_first_key_fires_only_on_a_run_with_that_key(lost_reply, redis_client):
+    # Many callers run one script for many tasks: only the chosen key's run loses its reply.
+    arming = lost_reply.drop_reply(INCR.sha, first_key="mine")
+    with config_through(lost_reply) as cfg:
+        client = sync_client(cfg)
+        assert [incr("other").run(client) for _ in range(2)] == [1, 2]
+        assert not arming.fired and lost_reply.armed == 1
+        assert incr("mine").run(client) == 2  # the replay's reply
+    assert arming.fired
+    assert (counter(redis_client, "mine"), counter(redis_client, "other")) == (2, 2)
+    assert (lost_reply.calls(INCR.sha), lost_reply.dropped, lost_reply.armed) == (4, 1, 0)
+
+
 # --- unarmed, the proxy is transparent ----------------------------------------------------
 
 

@@ -1,0 +1,193 @@
+"""G15, composition: features run together, against a real Redis, real prefork workers
+and PostgreSQL, over the explicit matrix below (docs/chaos.md, "The composition
+matrix").
+
+    trigger x idempotency x transaction x fate
+
+Each cell holds one invariant (tests/composition/case.py): every push ends in exactly
+one commit, or exactly one DLQ entry with a reason, or the documented cancelled
+outcome (a task that holds the rest of its workflow must wait in the DLQ with reason
+``cancelled`` instead), within the fate's bound after the test's last act on the
+cell; a committed task's effect (a database row for the inbox, an entry in Redis
+otherwise) was made exactly once, by the incarnation whose result was committed; a
+workflow completes (a chain's last step, a chord's callback, every group member) or
+waits in the DLQ with a reason. After the run nothing is left in flight, queued, in the
+outbox, or among the keys G7 allows.
+
+**A new feature joins the matrix in the commit that adds it**: one line on the axis it
+belongs to below (a value, and the function in tests/composition/ that makes it act),
+or a new axis (a list below and a field of ``Cell``). A combination that cannot mean
+anything goes in ``EXCLUDED`` with a one-line reason; none is dropped silently.
+
+CI runs a covering sample (``CHAOS_COMPOSITION_SAMPLE``, 24 cells: every value of every
+axis, then as many pairs as fit), its seed in the session header and in every failure
+(``CHAOS_COMPOSITION_SEED`` repeats it); ``make chaos`` runs every cell. All the chosen
+cells are in flight at once on shared workers (tests/composition/lab.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+import relier_django
+from testproject.shared_db import SharedDatabase
+from tests.composition import campaign as campaigns
+from tests.composition import fates, sampling, triggers
+from tests.composition.case import transaction_of
+from tests.composition.lab import Lab
+from tests.composition.matrix import (
+    DEFAULT_QUEUE,
+    DOOMED_QUEUE,
+    LOSSY_QUEUE,
+    PARKED_QUEUE,
+    Cell,
+    Exclusion,
+    Fate,
+    Idempotency,
+    Matrix,
+    Transaction,
+    Trigger,
+)
+
+# --- the matrix ----------------------------------------------------------------------
+TRIGGERS = [
+    Trigger("direct push", triggers.direct, False, "push() now"),
+    Trigger("countdown", triggers.countdown, False, "a push with a countdown (1.5 s)"),
+    Trigger("periodic tick", triggers.periodic_tick, False, "two ticks of a beat_schedule entry"),
+    Trigger("chain head", triggers.chain_head, True, "the first of a chain of three"),
+    Trigger("chain step", triggers.chain_step, True, "the second, created by the first's commit"),
+    Trigger("chord member", triggers.chord_member, True, "the second of a chord's three"),
+    Trigger("group member", triggers.group_member, False, "the second of a group of three"),
+]
+IDEMPOTENCY = [
+    Idempotency("plain", False, "a task without idempotency"),
+    Idempotency(
+        "idempotent", True, "idempotent=True; the same call was pushed just before (its twin)"
+    ),
+]
+TRANSACTIONS = [
+    Transaction("inbox", True, False, "@rl_task(atomic=True): the body writes a database row"),
+    Transaction("outbox", False, True, "pushed inside transaction.atomic(), OUTBOX on"),
+    Transaction("none", False, False, "pushed outside any transaction"),
+]
+# fmt: off
+FATES = [
+    Fate("commit", "", DEFAULT_QUEUE, fates.nothing, 20, "runs once and commits"),
+    Fate("retry", "retry", DEFAULT_QUEUE, fates.nothing, 20, "fails once (retry_on), commits"),
+    Fate(
+        "DLQ and release", "fail", DEFAULT_QUEUE, fates.release_failures, 20,
+        "fails into the DLQ; released, it commits", releases=True,
+    ),
+    Fate(
+        "late release", "fail", DEFAULT_QUEUE, fates.release_late, 20,
+        "fails into the DLQ; released after its workflow's 7-day state expired",
+        releases=True, late=True,
+    ),
+    Fate(
+        "cancel", "", PARKED_QUEUE, fates.cancel_before_start, 20,
+        "cancelled before it starts", join=fates.park, leave=fates.unpark, cancels=True,
+    ),
+    Fate(
+        "pool process killed", "hold", DEFAULT_QUEUE, fates.kill_pool_process, 20,
+        "its pool process SIGKILLed while it runs",
+    ),
+    Fate(
+        "worker killed", "hold", DOOMED_QUEUE, fates.nothing, 30,
+        "its whole worker SIGKILLed while it runs or waits there, a task queued in "
+        "that instant; restarted",
+        join=fates.doom, leave=fates.spare,
+    ),
+    Fate(
+        "lost reply", "", LOSSY_QUEUE, fates.nothing, 20,
+        "push.lua, start.lua, commit.lua each lose their reply once, for each task",
+        workflow_queue=LOSSY_QUEUE, join=fates.arm_lost_replies,
+    ),
+]
+EXCLUDED = [
+    Exclusion(
+        {"trigger": "periodic tick", "transaction": "outbox"},
+        "a tick is pushed by a scanner, never inside a user's transaction: it has no "
+        "outbox row (an atomic=True entry is the inbox cell)",
+    ),
+    Exclusion(
+        {
+            "trigger": ("direct push", "countdown", "periodic tick", "chain head", "chain step",
+                        "group member"),
+            "fate": "late release",
+        },
+        "only a chord keeps state with a TTL that a release can outlive (a chain carries "
+        "its steps in its envelope; results and claims expire from their commit)",
+    ),
+]
+# fmt: on
+MATRIX = Matrix(TRIGGERS, IDEMPOTENCY, TRANSACTIONS, FATES, EXCLUDED)
+
+PLAN = sampling.plan()
+CHOSEN = MATRIX.chosen(PLAN)
+# The run's fixture starts workers and runs every chosen cell: its time counts in the
+# first test's, and the full matrix takes minutes.
+pytestmark = pytest.mark.timeout(300 + 6 * len(CHOSEN))
+
+
+@pytest.fixture(scope="module")
+def lab(redis_server, postgres_server, tmp_path_factory, django_db_blocker):
+    """Workers, the proxy and a shared PostgreSQL database for the module."""
+    redis_server.client().flushall()
+    directory = tmp_path_factory.mktemp("composition")
+    db = SharedDatabase.create("pg", directory, postgres_server)
+    try:
+        with django_db_blocker.unblock(), Lab.running(redis_server, directory, db) as lab:
+            yield lab
+    finally:
+        db.drop()
+
+
+@pytest.fixture(scope="module")
+def campaign(lab, request):
+    # The cells of the tests pytest selected (``-k chord-member`` runs those alone).
+    selected = {
+        item.callspec.params["cell"]
+        for item in request.session.items
+        if hasattr(item, "callspec") and "cell" in item.callspec.params
+    }
+    done = campaigns.run(lab, [cell for cell in CHOSEN if cell in selected], PLAN)
+    print(done.summary())
+    if any(case.problems for case in done.cases.values()):
+        print(f"worker logs: {lab.directory}")
+    return done
+
+
+@pytest.mark.parametrize("cell", CHOSEN, ids=lambda cell: cell.slug)
+def test_every_push_ends_once_within_its_bound(campaign, cell):
+    case = campaign.cases[cell]
+    assert not case.problems, case.report(PLAN.repeat())
+
+
+def test_nothing_is_left_in_flight_or_behind(campaign):
+    assert not campaign.leftovers, f"after the run ({PLAN.repeat()}):\n" + "\n".join(
+        campaign.leftovers
+    )
+
+
+@pytest.mark.parametrize("transaction_", TRANSACTIONS, ids=lambda t: t.name)
+def test_a_reused_task_id_runs_the_new_tasks_body(lab, transaction_):
+    # A caller-chosen id is free again once its outcome is gone (RESULT_TTL_S passed:
+    # here its result key is deleted). A push under it is a new task: its own body runs.
+    cell = Cell(TRIGGERS[0], IDEMPOTENCY[0], transaction_, FATES[0])
+    task_id = f"reused.{transaction_.name}.{uuid.uuid4().hex[:6]}"
+    labels = [f"{task_id}.first", f"{task_id}.second"]
+    results = []
+    for label in labels:
+        with transaction_of(transaction_):
+            cell.task.apply_async((label,), task_id=task_id)
+        results.append(relier_django.result(task_id).get(timeout=20))
+        lab.redis.delete(lab.keys.result(task_id))
+    assert results[0]["label"] == labels[0]
+    assert results[1]["label"] == labels[1], (
+        f"{transaction_.name}: the second task under id {task_id} committed {results[1]}, "
+        "not its own result: its body did not run"
+    )
+    made = [lab.effects(label, task_id, transaction_.atomic) for label in labels]
+    assert made == [[1], [1]], f"effects (fences) of the first and the second task: {made}"

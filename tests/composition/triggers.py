@@ -1,0 +1,151 @@
+"""How each trigger of the matrix pushes a cell's call (the ``Trigger`` values of
+``matrix.py``).
+
+Each trigger first announces every task id it is about to create (so a lost-reply cell
+arms its drops before the push), pushes, inside the cell's transaction when it has one,
+and follows each task to its expected end: the cell's own task (``own``), the tasks its
+workflow holds behind it (``behind``: a chain's later steps, a chord's callback), and
+the rest. Ids are chosen up front (Celery's ``task_id`` option), so a workflow's tasks
+are known before they exist. An idempotent cell's twin is pushed first, directly.
+
+A trigger is a generator: it yields after each wave of pushes, and the cell settles
+that wave before the next (the second tick of a periodic entry is fired once the
+first has ended, as the scanner would fire it a period later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from celery import chain, chord, group
+
+from relier_django.core.schedule import periodic
+from testproject.demo import composition_tasks as tasks
+
+if TYPE_CHECKING:
+    from .case import Case
+
+COUNTDOWN_S = 1.5
+
+
+def _push_now(case: Case, **options: Any) -> None:
+    case.push_twin()
+    own = case.announce("own")
+    with case.transaction():
+        receipt = case.cell.task.apply_async(
+            (case.label,), {"first": case.first}, task_id=own, queue=case.queue, **options
+        )
+    case.follow_receipt(receipt, "the cell's task")
+    yield
+
+
+def direct(case: Case) -> Iterator[None]:
+    yield from _push_now(case)
+
+
+def countdown(case: Case) -> Iterator[None]:
+    yield from _push_now(case, countdown=COUNTDOWN_S)
+
+
+def periodic_tick(case: Case) -> Iterator[None]:
+    """Two ticks of an entry made for the cell (1 s interval), fired by this process
+    as a scanner fires them (``fire_due``: claim, push under the tick's id, record)."""
+    entry = f"compose-{case.label}"
+    spec = {
+        "task": case.cell.task.name,
+        "schedule": 1.0,
+        "args": (case.label,),
+        "kwargs": {"first": case.first},
+        "options": {"queue": case.queue},
+    }
+    for n in (1, 2):
+        with case.lab.periodic.firing(entry, spec) as tick_ms:
+            tick_id = periodic.tick_id(entry, tick_ms)
+            case.announce_id(tick_id)
+        case.follow(tick_id, f"tick {n} of its periodic entry", own=True, atomic=case.atomic)
+        case.touch(f"fired tick {n}")
+        yield
+
+
+def _steps(case: Case, own_at: int) -> list[Any]:
+    """A chain of three with the cell's task at ``own_at``; the others plain."""
+    sigs: list[Any] = []
+    for position in range(3):
+        if position == own_at:
+            sigs.append(case.signature(case.announce("own")))
+        elif position == 2:  # gets the step before's result
+            sigs.append(tasks.tail.s(case.label).set(**case.around(case.announce("tail"))))
+        else:
+            step = tasks.neighbour.si(case.label, position)
+            sigs.append(step.set(**case.around(case.announce(f"step{position}"))))
+    return sigs
+
+
+def _follow_chain(case: Case, sigs: list[Any], own_at: int) -> None:
+    names = ["the chain's first step", "the chain's second step", "the chain's last step"]
+    for position, sig in enumerate(sigs):
+        own = position == own_at
+        name = f"{names[position]} (the cell's task)" if own else names[position]
+        case.follow(sig.id, name, own=own, behind=position > own_at, atomic=own and case.atomic)
+    case.chain = [sig.id for sig in sigs]
+    case.workflow_id = sigs[0].id
+
+
+def _chain(case: Case, own_at: int) -> Iterator[None]:
+    case.push_twin()
+    sigs = _steps(case, own_at)
+    with case.transaction():
+        chain(*sigs).apply_async()
+    _follow_chain(case, sigs, own_at)
+    case.touch("pushed the chain")
+    yield
+
+
+def chain_head(case: Case) -> Iterator[None]:
+    yield from _chain(case, 0)
+
+
+def chain_step(case: Case) -> Iterator[None]:
+    yield from _chain(case, 1)
+
+
+def _members(case: Case) -> list[Any]:
+    """Three members, the cell's task the second."""
+    return [
+        tasks.neighbour.si(case.label, 0).set(**case.around(case.announce("member0"))),
+        case.signature(case.announce("own")),
+        tasks.neighbour.si(case.label, 2).set(**case.around(case.announce("member2"))),
+    ]
+
+
+def _follow_members(case: Case, members: list[Any]) -> None:
+    for position, sig in enumerate(members):
+        own = position == 1
+        name = f"member {position}" + (" (the cell's task)" if own else "")
+        case.follow(sig.id, name, own=own, atomic=own and case.atomic)
+    case.members = [sig.id for sig in members]
+
+
+def chord_member(case: Case) -> Iterator[None]:
+    case.push_twin()
+    members = _members(case)
+    callback = tasks.collect.s(case.label).set(**case.around(case.announce("callback")))
+    with case.transaction():
+        result = chord(members)(callback)
+    _follow_members(case, members)
+    case.follow(callback.id, "the chord's callback", behind=True)
+    case.callback, case.workflow_id = callback.id, result.parent.id
+    case.touch("pushed the chord")
+    yield
+
+
+def group_member(case: Case) -> Iterator[None]:
+    case.push_twin()
+    members = _members(case)
+    with case.transaction():
+        result = group(members).apply_async()
+    _follow_members(case, members)
+    case.workflow_id = result.id
+    case.touch("pushed the group")
+    yield
