@@ -88,8 +88,14 @@ class Killer(_Coordinator):
                 self.lock.acquire()
             self.cases.add(case)
 
+    def __init__(self, lab: Lab) -> None:
+        super().__init__(lab)
+        # Held from a kill to the restart after it: a cell that leaves waits for it, so
+        # the task queued for it in the kill's instant is one it follows and waits for.
+        self.acting = threading.Lock()
+
     def leave(self, case: Case) -> None:
-        with self.lock:
+        with self.acting, self.lock:
             self.cases.discard(case)
 
     def _holding(self) -> list[tuple[Case, Any]]:
@@ -108,7 +114,14 @@ class Killer(_Coordinator):
         ):
             time.sleep(self.POLL_S)
             holding = self._holding()
+        with self.acting:
+            self._kill()
+
+    def _kill(self) -> None:
+        holding = self._holding()
         doomed, cases = self.lab.doomed, sorted(self.members(), key=lambda c: c.label)
+        if not holding or not cases:  # they left while the pool filled
+            return
         cases = cases[self.rounds % len(cases) :] + cases[: self.rounds % len(cases)]
         inside = {case: case.in_worker(doomed.hostname) for case in cases}
         os.killpg(doomed.pid, signal.SIGKILL)  # the main process and its pool, at once
@@ -118,6 +131,11 @@ class Killer(_Coordinator):
         self.rounds += 1
         behind = [case.queue_behind(self.rounds) for case in cases]
         doomed.kill()  # and reaped
+        for case in cases:
+            # And what it was taking as it died: take.lua marks a task held by its taker
+            # as it pops the message, so the mark shows until the death check hands it
+            # off (a second later), though the reply never reached the worker.
+            inside[case] = sorted({*inside[case], *case.in_worker(doomed.hostname)})
         for case, run in holding:
             case.killed.add(run.key)
         for case, task_id in zip(cases, behind, strict=True):

@@ -41,10 +41,13 @@ def release_failures(case: Case) -> None:
 
 
 def release_late(case: Case) -> None:
-    """Release each failure as :func:`release_failures` does, but late: after the state
-    its workflow keeps with a TTL has expired (a chord's, 7 days; deleted here)."""
-    if case.callback is not None and case.lab.redis.delete(case.lab.keys.chord(case.workflow_id)):
-        case.touch("expired the chord's state (its 7-day TTL passed)")
+    """Release each failure as :func:`release_failures` does, but late: weeks after, when
+    whatever its workflow keeps with a TTL has expired (a chord's state kept 7 days
+    from its last write; deleted here if it has a TTL at all)."""
+    state = case.lab.keys.chord(case.workflow_id)
+    if case.callback is not None and case.lab.redis.pttl(state) > 0:
+        case.lab.redis.delete(state)
+        case.touch("expired the chord's state (its TTL passed)")
     release_failures(case)
 
 

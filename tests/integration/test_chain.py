@@ -151,6 +151,7 @@ def test_a_cancelled_step_files_the_rest_of_its_chain_in_the_dlq_and_release_res
     assert entry is not None and entry.reason == "cancelled"
     assert [step["id"] for step in entry.envelope["chain"]] == [result.parent.id, result.id]
     assert relier_django.result(head).status == "REVOKED"
+    assert relier_django.workflow(head).state == "REVOKED"  # not PENDING: it waits in the DLQ
     dlq.release_entry(head)
     assert relier_django.result(result.id).get(timeout=30) == 4
     assert dlq.store().get(head) is None

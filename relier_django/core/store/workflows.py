@@ -98,10 +98,14 @@ class WorkflowView:
 
     @property
     def state(self) -> str:
-        """``SUCCESS`` when every task committed, ``FAILURE`` when one is in the DLQ
-        (the workflow waits for its release), else ``PENDING``."""
+        """``SUCCESS`` when every task committed; ``FAILURE`` when one is in the DLQ
+        (the workflow waits for its release); ``REVOKED`` when one was cancelled (a
+        member the rest depends on waits in the DLQ too, reason ``cancelled``, until
+        it is released); else ``PENDING``."""
         if self.failed:
             return "FAILURE"
+        if any(s.status.state == "REVOKED" for s in self.steps):
+            return "REVOKED"
         return "SUCCESS" if not self.pending else "PENDING"
 
 
