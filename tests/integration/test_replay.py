@@ -369,34 +369,32 @@ def presence(cfg: config.Config, client: redis.Redis) -> Any:
     return client.zcard(_keys(cfg).workers)
 
 
-def take(cfg: config.Config, client: redis.Redis) -> Any:
-    env = _store(cfg, client)
-    message = json.dumps({"body": "", "headers": {"id": env.id, MARKER_HEADER: 1}})
-    client.lpush("celery", message)
-    taker = intake.Intake(cfg, "w1@host:1")
+def _taken_by(cfg: config.Config, taker: Any) -> Any:
+    # One attempt, as kombu's consuming connection makes (it never resends a command).
     bells = [transport.bell_of("celery")]
-    kombus = sync_client(cfg, fail_fast=True)  # one attempt, as kombu's connection makes
+    kombus = sync_client(cfg, fail_fast=True)
     try:
         reply = kombus.execute_command(*taker.command(["celery"], bells))
     except redis.exceptions.NoScriptError as exc:
         assert taker.failed(exc)
         reply = kombus.execute_command(*taker.command(["celery"], bells))
     return taker.taken(reply)
+
+
+def _queued(client: redis.Redis, task_id: str) -> None:
+    message = json.dumps({"body": "", "headers": {"id": task_id, MARKER_HEADER: 1}})
+    client.lpush("celery", message)
+
+
+def take(cfg: config.Config, client: redis.Redis) -> Any:
+    _queued(client, _store(cfg, client).id)
+    return _taken_by(cfg, intake.Intake(cfg, "w1@host:1"))
 
 
 def take_inflight(cfg: config.Config, client: redis.Redis) -> Any:
     # A broker apart from the store: the take keeps a copy in the taker's record.
-    message = json.dumps({"body": "", "headers": {"id": TASK_ID, MARKER_HEADER: 1}})
-    client.lpush("celery", message)
-    taker = intake.InflightIntake("w1@host:1")
-    bells = [transport.bell_of("celery")]
-    kombus = sync_client(cfg, fail_fast=True)  # one attempt, as kombu's connection makes
-    try:
-        reply = kombus.execute_command(*taker.command(["celery"], bells))
-    except redis.exceptions.NoScriptError as exc:
-        assert taker.failed(exc)
-        reply = kombus.execute_command(*taker.command(["celery"], bells))
-    return taker.taken(reply)
+    _queued(client, TASK_ID)
+    return _taken_by(cfg, intake.InflightIntake("w1@host:1"))
 
 
 def restore_inflight(cfg: config.Config, client: redis.Redis) -> Any:

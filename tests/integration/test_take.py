@@ -75,7 +75,10 @@ def _publish(conn: Connection, task_id: str, fence: int | None) -> None:
 
 
 def _take(client, lists: list[str], worker: str = WORKER):  # type: ignore[no-untyped-def]
-    taker = intake.Intake(config.current(), worker)
+    return _take_with(client, intake.Intake(config.current(), worker), lists)
+
+
+def _take_with(client, taker, lists: list[str]):  # type: ignore[no-untyped-def]
     bells = [transport.bell_of(name) for name in lists]
     try:
         reply = client.execute_command(*taker.command(lists, bells))
@@ -191,16 +194,6 @@ def test_a_worker_takes_its_messages_with_take_lua(worker_factory, store):
 # --- a Redis broker that is not the store: take_inflight.lua, restore_inflight.lua ----
 
 
-def _take_kept(client, taker, lists: list[str]):  # type: ignore[no-untyped-def]
-    bells = [transport.bell_of(name) for name in lists]
-    try:
-        reply = client.execute_command(*taker.command(lists, bells))
-    except redis.exceptions.NoScriptError as exc:
-        assert taker.failed(exc)
-        reply = client.execute_command(*taker.command(lists, bells))
-    return taker.taken(reply)
-
-
 def test_a_take_apart_from_the_store_keeps_a_relier_message_until_the_next_take(connection, store):
     """The copy covers the message from its pop until its taker registered it (Celery
     sends task_received while it delivers, before the channel takes again); a message
@@ -209,13 +202,13 @@ def test_a_take_apart_from_the_store_keeps_a_relier_message_until_the_next_take(
     record = transport.inflight_of(WORKER)
     _publish(connection, "kept-1", fence=1)
     _publish(connection, "plain-3", fence=None)
-    first = _take_kept(store, taker, ["tq"])
+    first = _take_with(store, taker, ["tq"])
     assert first is not None and '"relier_fence"' in first[1]
     assert store.hlen(record) == 2  # the counter and one copy
-    second = _take_kept(store, taker, ["tq"])
+    second = _take_with(store, taker, ["tq"])
     assert second is not None and '"relier_fence"' not in second[1]
     assert store.hkeys(record) == ["#"]  # the first one's copy dropped by this take
-    assert _take_kept(store, taker, ["tq"]) is None
+    assert _take_with(store, taker, ["tq"]) is None
 
 
 def test_a_dead_takers_copies_go_back_to_the_head_of_their_queues_once(connection, store):
@@ -225,7 +218,7 @@ def test_a_dead_takers_copies_go_back_to_the_head_of_their_queues_once(connectio
     taker = intake.InflightIntake(WORKER)
     for label in ("a", "b", "c"):
         _publish(connection, f"kept-{label}", fence=1)
-    taken = [_take_kept(store, taker, ["tq"]) for _ in range(2)]  # a, then b: a's dropped
+    taken = [_take_with(store, taker, ["tq"]) for _ in range(2)]  # a, then b: a's dropped
     _publish(connection, "kept-d", fence=1)  # waits behind c
     assert inflight.restore(celery_app, [WORKER]) == 1  # b: taken, never registered
     assert inflight.restore(celery_app, [WORKER]) == 1  # answered the same, nothing more
@@ -238,8 +231,36 @@ def test_a_dead_takers_copies_go_back_to_the_head_of_their_queues_once(connectio
 def test_a_worker_that_shuts_down_drops_its_in_flight_record(connection, store):
     taker = intake.InflightIntake(WORKER)
     _publish(connection, "kept-e", fence=1)
-    assert _take_kept(store, taker, ["tq"]) is not None
+    assert _take_with(store, taker, ["tq"]) is not None
     assert store.exists(transport.inflight_of(WORKER)) == 1
     with connection.channel().conn_or_acquire() as client:
         taker.release(client)
     assert store.exists(transport.inflight_of(WORKER)) == 0
+
+
+def test_of_many_takers_apart_from_the_store_each_message_is_taken_and_kept_once(connection, store):
+    """take_inflight.lua's race: six takers drain one queue at once; each message is
+    taken once and kept once, in its taker's record, until that taker's next take
+    (which finds the queue empty at the end) drops it."""
+    for i in range(60):
+        _publish(connection, f"race-kept-{i}", fence=1)
+    takers = {f"w{i}@host:{i}": intake.InflightIntake(f"w{i}@host:{i}") for i in range(6)}
+    got: dict[str, list[str]] = {worker: [] for worker in takers}
+
+    def drain(worker: str) -> None:
+        client = sync_client(config.current())
+        while (taken := _take_with(client, takers[worker], ["tq"])) is not None:
+            got[worker].append(json.loads(taken[1])["headers"]["id"])
+
+    threads = [threading.Thread(target=drain, args=(w,)) for w in takers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(i for ids in got.values() for i in ids) == sorted(
+        f"race-kept-{i}" for i in range(60)
+    )
+    for worker, ids in got.items():
+        kept = store.hgetall(transport.inflight_of(worker))
+        assert int(kept.get("#", 0)) == len(ids)  # a copy kept per message it took
+        assert set(kept) <= {"#"}  # each dropped by the take after it

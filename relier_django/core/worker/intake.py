@@ -52,84 +52,86 @@ def takes_here() -> bool:
     return _takes_here
 
 
-class Intake:
-    """``take.lua`` for one kombu channel: the command, and its reply read back."""
+class _Taking:
+    """A take script sent on a kombu channel's own connection, which kombu reads back
+    when the reply arrives: EVALSHA, and the script itself once after Redis lost it
+    (a restart, ``SCRIPT FLUSH``)."""
 
-    def __init__(self, config: Config, worker: str) -> None:
-        self.keys = KeySpace.of(config)
-        self.worker = worker
-        self.ttl_ms = int(config.heartbeat_ttl_s * 1000)
-        self.before, self.after = self.keys.task_key_parts()
-        self._load = False  # Redis lost the script (a restart, SCRIPT FLUSH): send it
+    script: scripts.LuaScript
 
-    def command(self, queue_lists: Sequence[str], bells: Sequence[str]) -> list[Any]:
-        keys = self.keys.for_take(queue_lists, bells)
-        args = [len(queue_lists), self.worker, self.ttl_ms, self.before, self.after,
-                MARKER_HEADER]  # fmt: skip
+    def __init__(self) -> None:
+        self._load = False
+
+    def _call(self, keys: Sequence[str], args: Sequence[scripts.Arg]) -> list[Any]:
         if self._load:
-            return ["EVAL", scripts.TAKE.source, len(keys), *keys, *args]
-        return ["EVALSHA", scripts.TAKE.sha, len(keys), *keys, *args]
+            return ["EVAL", self.script.source, len(keys), *keys, *args]
+        return ["EVALSHA", self.script.sha, len(keys), *keys, *args]
 
     def taken(self, reply: Any) -> tuple[str, str] | None:
         self._load = False
         if not reply:
             return None
-        queue_list, message, _held = reply
+        queue_list, message, mark = reply
+        self._marked(int(mark))
         return _text(queue_list), _text(message)
 
+    def _marked(self, mark: int) -> None:
+        """What the script kept of this take (its third reply)."""
+
     def failed(self, error: redis.exceptions.ResponseError) -> bool:
-        if _missing_script(error):
-            self._load = True
-            return True
-        return False
+        missing = isinstance(error, redis.exceptions.NoScriptError) or "NOSCRIPT" in str(error)
+        self._load = self._load or missing
+        return missing
+
+
+class Intake(_Taking):
+    """``take.lua`` for one kombu channel: the command, and its reply read back."""
+
+    script = scripts.TAKE
+
+    def __init__(self, config: Config, worker: str) -> None:
+        super().__init__()
+        self.keys = KeySpace.of(config)
+        self.worker = worker
+        self.ttl_ms = int(config.heartbeat_ttl_s * 1000)
+        self.before, self.after = self.keys.task_key_parts()
+
+    def command(self, queue_lists: Sequence[str], bells: Sequence[str]) -> list[Any]:
+        args: list[scripts.Arg] = [len(queue_lists), self.worker, self.ttl_ms, self.before,
+                                   self.after, MARKER_HEADER]  # fmt: skip
+        return self._call(self.keys.for_take(queue_lists, bells), args)
 
     def release(self, client: Any) -> None:
         pass  # nothing kept: every message it took marked its task in the store
 
 
-class InflightIntake:
+class InflightIntake(_Taking):
     """``take_inflight.lua`` for one kombu channel on a Redis broker that is not the
     store: the take keeps a copy of a relier message in the taker's in-flight record,
     dropped at the next take (the message is registered by then: Celery sends
     ``task_received`` while it delivers, before the channel takes again)."""
 
+    script = scripts.TAKE_INFLIGHT
+
     def __init__(self, worker: str, prefix: str = "") -> None:
+        super().__init__()
         self.name = transport.inflight_of(worker)
         self.record = prefix + self.name  # sent as is: kombu's prefixing is not applied
         self._kept: list[int] = []  # copies of messages delivered since the last take
-        self._load = False
 
     def command(self, queue_lists: Sequence[str], bells: Sequence[str]) -> list[Any]:
-        keys = [*queue_lists, *bells, self.record]
         drop, self._kept = self._kept, []
-        args = [len(queue_lists), MARKER_HEADER, *drop]
-        if self._load:
-            return ["EVAL", scripts.TAKE_INFLIGHT.source, len(keys), *keys, *args]
-        return ["EVALSHA", scripts.TAKE_INFLIGHT.sha, len(keys), *keys, *args]
+        args: list[scripts.Arg] = [len(queue_lists), MARKER_HEADER, *drop]
+        return self._call([*queue_lists, *bells, self.record], args)
 
-    def taken(self, reply: Any) -> tuple[str, str] | None:
-        self._load = False
-        if not reply:
-            return None
-        queue_list, message, kept = reply
-        if int(kept):
-            self._kept.append(int(kept))
-        return _text(queue_list), _text(message)
-
-    def failed(self, error: redis.exceptions.ResponseError) -> bool:
-        if _missing_script(error):
-            self._load = True
-            return True
-        return False
+    def _marked(self, mark: int) -> None:
+        if mark:
+            self._kept.append(mark)
 
     def release(self, client: Any) -> None:
         # Everything this worker took is put back or registered: its record can go.
         # (kombu's client adds its global_keyprefix to DEL's key: the bare name.)
         client.delete(self.name)
-
-
-def _missing_script(error: redis.exceptions.ResponseError) -> bool:
-    return isinstance(error, redis.exceptions.NoScriptError) or "NOSCRIPT" in str(error)
 
 
 def _text(value: Any) -> str:

@@ -31,29 +31,24 @@
 --          message that is not relier's, a stale copy, a task already running)
 -- Not answered the same twice: a second call takes the next message. Its reply lost,
 -- the message is the taker's and its task comes back within one TTL, as above.
+-- @include _take
 local n = tonumber(ARGV[1])
-for i = 1, n do
-  local message = redis.call('RPOP', KEYS[i])
-  if message then
-    -- More waiting here: wake another worker (one doorbell rings one waiter).
-    if redis.call('LLEN', KEYS[i]) > 0 then
-      redis.call('ZADD', KEYS[n + i], 0, 'ring')
-    end
-    local held = 0
-    local ok, decoded = pcall(cjson.decode, message)
-    local headers = ok and type(decoded) == 'table' and decoded.headers
-    if type(headers) == 'table' and headers[ARGV[6]] ~= nil and type(headers.id) == 'string' then
-      local task = ARGV[4] .. headers.id .. ARGV[5]
-      local f = redis.call('HMGET', task, 'fence', 'state')
-      if f[1] == tostring(headers[ARGV[6]]) and f[2] == 'queued' then
-        local t = redis.call('TIME')
-        local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-        redis.call('HSET', task, 'worker', ARGV[2])
-        redis.call('ZADD', KEYS[2 * n + 1], now_ms + tonumber(ARGV[3]), headers.id)
-        held = 1
-      end
-    end
-    return {KEYS[i], message, held}
+local i, message = take_next(n)
+if not i then
+  return false
+end
+local held = 0
+local ok, decoded = pcall(cjson.decode, message)
+local headers = ok and type(decoded) == 'table' and decoded.headers
+if type(headers) == 'table' and headers[ARGV[6]] ~= nil and type(headers.id) == 'string' then
+  local task = ARGV[4] .. headers.id .. ARGV[5]
+  local f = redis.call('HMGET', task, 'fence', 'state')
+  if f[1] == tostring(headers[ARGV[6]]) and f[2] == 'queued' then
+    local t = redis.call('TIME')
+    local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('HSET', task, 'worker', ARGV[2])
+    redis.call('ZADD', KEYS[2 * n + 1], now_ms + tonumber(ARGV[3]), headers.id)
+    held = 1
   end
 end
-return false
+return {KEYS[i], message, held}

@@ -25,23 +25,19 @@
 -- the copy stays in the taker's record (it is not among the fields a later call drops)
 -- and comes back when the taker dies or shuts down; a copy put back of a task that runs
 -- is refused at its start (fence).
+-- @include _take
 local n = tonumber(ARGV[1])
 local record = KEYS[2 * n + 1]
 if #ARGV > 2 then
   redis.call('HDEL', record, unpack(ARGV, 3))
 end
-for i = 1, n do
-  local message = redis.call('RPOP', KEYS[i])
-  if message then
-    if redis.call('LLEN', KEYS[i]) > 0 then
-      redis.call('ZADD', KEYS[n + i], 0, 'ring')
-    end
-    local k = 0
-    if string.find(message, '"' .. ARGV[2] .. '"', 1, true) then
-      k = redis.call('HINCRBY', record, '#', 1)
-      redis.call('HSET', record, k, string.len(KEYS[i]) .. ':' .. KEYS[i] .. message)
-    end
-    return {KEYS[i], message, k}
-  end
+local i, message = take_next(n)
+if not i then
+  return false
 end
-return false
+local k = 0
+if string.find(message, '"' .. ARGV[2] .. '"', 1, true) then
+  k = redis.call('HINCRBY', record, '#', 1)
+  redis.call('HSET', record, k, string.len(KEYS[i]) .. ':' .. KEYS[i] .. message)
+end
+return {KEYS[i], message, k}
