@@ -264,3 +264,26 @@ def test_of_many_takers_apart_from_the_store_each_message_is_taken_and_kept_once
         kept = store.hgetall(transport.inflight_of(worker))
         assert int(kept.get("#", 0)) == len(ids)  # a copy kept per message it took
         assert set(kept) <= {"#"}  # each dropped by the take after it
+
+
+def test_a_taking_consumer_asks_the_recovery_queue_first(connection, store, taking):
+    """The take asks the lists in BRPOP's order, the recovery queue first: a resurrected
+    task is the next message a worker takes, whatever its other queues hold."""
+    backlog = Queue("celery", Exchange("celery", type="direct"), routing_key="celery")
+    recovery_name = config.current().recovery_queue
+    recovery = Queue(
+        recovery_name, Exchange(recovery_name, type="direct"), routing_key=recovery_name
+    )
+    producer = Producer(connection.default_channel)
+    for i in range(5):
+        producer.publish(f"backlog-{i}", exchange=backlog.exchange, routing_key="celery",
+                         declare=[backlog])  # fmt: skip
+    producer.publish("resurrected", exchange=recovery.exchange, routing_key=recovery_name,
+                     declare=[recovery])  # fmt: skip
+    got: list[str] = []
+    with Consumer(connection.channel(), [backlog, recovery], callbacks=[
+        lambda body, message: (got.append(body), message.ack())
+    ], prefetch_count=1):  # fmt: skip
+        while len(got) < 2:
+            connection.drain_events(timeout=5)
+    assert got[0] == "resurrected"
