@@ -16,10 +16,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-import redis
-
 from ..broker import transport
 from ..store import scripts
+from ..store.connection import on_pool
 
 logger = logging.getLogger("relier_django.resurrector")
 
@@ -43,7 +42,7 @@ def restore(app: Any, workers: Iterable[str]) -> int:
         prefix = str(getattr(channel, "global_keyprefix", "") or "")
         # kombu's client prefixes some commands' keys and not others: a plain client on
         # its pool, given the full key.
-        client = redis.Redis(connection_pool=channel.client.connection_pool)
+        client = on_pool(channel.client.connection_pool)
         put = 0
         for worker in names:
             call = scripts.ScriptCall(

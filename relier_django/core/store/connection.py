@@ -308,6 +308,13 @@ def execute_timed(client: Any, pipe: Any) -> tuple[int, list[Any]]:
     return int(seconds) * 1000 + int(micros) // 1000, replies
 
 
+def on_pool(pool: Any) -> redis.Redis:
+    """A plain client on a connection pool another library built (kombu's broker
+    channel's: its Sentinel, TLS and auth already applied), without that library's own
+    command rewriting (kombu's ``global_keyprefix``): the caller passes full keys."""
+    return redis.Redis(connection_pool=pool)
+
+
 def home_address(config: Config) -> tuple[str, int]:
     """On a Redis Cluster, the address of the master that serves the ``{g}`` slot (the
     scanner lease, the holders' set) now: liveness connections are held there and the
