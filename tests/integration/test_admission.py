@@ -186,3 +186,33 @@ def test_retries_resurrections_and_releases_are_not_counted(limits, worker_facto
     with pytest.raises(AdmissionRejected):
         tasks.record.push("fifth")
     assert counted() == 4
+
+
+def test_the_public_check_counts_a_tasks_units_as_its_pushes_would(redis_client):
+    """``relier_django.admission``: the standalone check by task name, sync and async,
+    on the limits a push of that task meets (here its own ``admission_limit``, 3/m); a
+    task with no limit is admitted without a round trip."""
+    from relier_django import admission as public
+
+    got = [public.check("demo.limited") for _ in range(3)]
+    assert [v.admitted for v in got] == [True, True, True]
+    refused = asyncio.run(public.acheck("demo.limited"))
+    assert not refused.admitted and 0 < refused.retry_after_s <= 60
+    with pytest.raises(AdmissionRejected):  # the same counter a push meets
+        tasks.limited.push("after-the-check")
+    assert public.check("demo.record").admitted  # no limit on it
+    assert public.check("no.such.task").admitted  # nor on a name no task has
+
+
+def test_the_public_events_are_the_cores(redis_client):
+    """``relier_django.events`` offers the core's events to plain functions."""
+    from relier_django import events
+    from relier_django.core.model import events as core_events
+
+    seen: list[object] = []
+    events.subscribe(seen.append)
+    try:
+        core_events.emit(events.TaskCancelled("t1", False, "demo.record", "celery"))
+    finally:
+        assert events.unsubscribe(seen.append)
+    assert seen == [events.TaskCancelled("t1", False, "demo.record", "celery")]
