@@ -1,4 +1,4 @@
-"""Every system check id relier_django emits is documented once in docs/settings.md's
+"""Every system check id relier_django emits is documented once in docs/checks.md's
 table, and the table names no id the code does not emit: an id given two meanings, or
 a check nobody can look up, fails here."""
 
@@ -24,11 +24,11 @@ def _emitted() -> set[str]:
 
 
 def _documented() -> Counter[str]:
-    table = (REPO_ROOT / "docs" / "settings.md").read_text()
+    table = (REPO_ROOT / "docs" / "checks.md").read_text()
     return Counter(re.findall(rf"^\| `({ID})` \|", table, re.M))
 
 
-def test_each_emitted_check_id_has_one_row_in_the_settings_table() -> None:
+def test_each_emitted_check_id_has_one_row_in_the_checks_table() -> None:
     documented = _documented()
     assert [i for i, n in documented.items() if n > 1] == []
     assert sorted(_emitted()) == sorted(documented)
