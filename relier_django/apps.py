@@ -12,17 +12,17 @@ class RelierConfig(AppConfig):
         from . import checks, conf  # noqa: F401
 
         conf.install()
-        from . import transactions
+        from .db import transactions
 
         transactions.install()  # push() inside atomic() waits for the commit
-        from . import outbox
+        from .db import outbox
 
         outbox.install()  # ... and writes into the outbox when RELIER["OUTBOX"] is on
         from .core.recovery import scanner
 
         # The scanner leader (in workers and relier_resurrector) relays the outbox.
         scanner.add_leader_duty("outbox relay", outbox.Relay)
-        from . import inbox
+        from .db import inbox
 
         inbox.install()  # @rl_task(atomic=...) bodies run with the fenced inbox
         from . import signals

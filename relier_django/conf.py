@@ -402,3 +402,12 @@ def install() -> None:
     """Called from AppConfig.ready(): make the core read Django's settings."""
     core_config.set_provider(get_config)
     setting_changed.connect(_on_setting_changed, dispatch_uid="relier_django.conf")
+
+
+def redis_location() -> str:
+    """Where relier's Redis is (the URL, or the Sentinel master and its sentinels), with
+    any password hidden: for error messages, the admin's "Redis cannot be reached" page
+    and the commands' errors."""
+    from .core.store.connection import describe
+
+    return describe(get_config())

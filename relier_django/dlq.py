@@ -17,8 +17,8 @@ from .core.dlq.release import BulkRelease, release, release_matching
 from .core.dlq.store import MAX_PAGE, Counts, Cursor, DeadLetterStore, Page, Query
 from .core.model.errors import EntryNotReleasable
 from .core.model.failure import Reason
-from .core.observe.task import TaskView, read_task
-from .core.store.connection import describe, sync_client
+from .core.observe.task import TaskView
+from .core.store.connection import sync_client
 from .core.store.keys import KeySpace
 from .core.store.receipt import Receipt
 
@@ -36,11 +36,9 @@ __all__ = [
     "Summary",
     "TaskView",
     "iso",
-    "redis_location",
     "release_entry",
     "release_where",
     "store",
-    "unfinished_task",
 ]
 
 
@@ -48,12 +46,6 @@ def store() -> DeadLetterStore:
     """The DLQ of the configured Redis and key prefix."""
     cfg = conf.get_config()
     return DeadLetterStore(sync_client(cfg), KeySpace.of(cfg), cfg.checkpoint_dir)
-
-
-def redis_location() -> str:
-    """Where relier's Redis is (the URL, or the Sentinel master and its sentinels), with
-    any password hidden, for error messages and the admin's "Redis down" page."""
-    return describe(conf.get_config())
 
 
 def _app() -> Any:
@@ -77,10 +69,3 @@ def release_where(
     return release_matching(
         _app(), conf.get_config(), query, dry_run=dry_run, on_release=on_release
     )
-
-
-def unfinished_task(task_id: str) -> TaskView | None:
-    """The task ``task_id`` as the store holds it now (state, fence, history), or None
-    once it has finished (committed, dead-lettered, cancelled) or was never pushed."""
-    cfg = conf.get_config()
-    return read_task(sync_client(cfg), KeySpace.of(cfg), task_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from .views import metrics_view
+from .metrics.views import metrics_view
 
 app_name = "relier"
 urlpatterns = [

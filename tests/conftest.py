@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from testproject.harness import CeleryWorker, RedisServer, reset_celery_connections
+from testproject.harness import CeleryWorker, RedisServer, free_port, reset_celery_connections
 from testproject.lostreply import LostReplyProxy
 from testproject.postgres import PostgresServer
 from testproject.shared_db import SharedDatabase
@@ -237,3 +237,23 @@ def lost_reply(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator
     with LostReplyProxy(redis_server.url) as proxy:
         yield proxy
     assert not proxy.protocol_errors, f"the proxy met malformed RESP: {proxy.protocol_errors}"
+
+
+@pytest.fixture
+def redis_down(monkeypatch: pytest.MonkeyPatch, settings) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """relier pointed at a Redis nobody listens at (a free port), with its retry budget
+    (``REDIS_RETRY_S``) cut to nothing: a test of how a page or a command answers an
+    unreachable Redis need not wait the budget out (3.75 s or more per call). Yields the
+    URL. The environment and the settings are restored after the test."""
+    from relier_django import conf
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    monkeypatch.setenv("RELIER_REDIS_URL", url)  # the environment wins over settings
+    monkeypatch.setenv("RELIER_REDIS_RETRY_S", "0")
+    settings.RELIER = {**settings.RELIER, "REDIS_URL": url, "REDIS_RETRY_S": 0}
+    conf.get_config.cache_clear()
+    try:
+        yield url
+    finally:
+        monkeypatch.undo()
+        conf.get_config.cache_clear()

@@ -13,15 +13,13 @@ from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.db import connection
-from django.test import Client, override_settings
+from django.test import Client
 from django.urls import reverse
 
-from relier_django import conf
 from relier_django import dlq as dlq_api
 from relier_django.core.broker import publish
 from relier_django.core.model.failure import Reason
 from testproject.demo import tasks
-from testproject.harness import free_port
 from tests.dlq_entries import fail, traceback_of, untied
 
 pytestmark = pytest.mark.django_db
@@ -399,19 +397,3 @@ def test_an_unknown_entry_leads_back_to_the_list_with_a_message(client, login, s
     response = client.get(detail_url("no-such-entry"), follow=True)
     assert response.redirect_chain == [(reverse(LIST), 302)]
     assert "There is no entry no-such-entry" in messages_of(response)[0]
-
-
-def test_redis_down_is_a_readable_503_page(client, login, store, monkeypatch):
-    login("view_dlq")
-    url = f"redis://127.0.0.1:{free_port()}/0"  # nobody listens there
-    # RELIER_REDIS_URL (set for the session's Redis) wins over settings.RELIER.
-    with monkeypatch.context() as mp:
-        mp.setenv("RELIER_REDIS_URL", url)
-        with override_settings(RELIER={**settings.RELIER, "REDIS_URL": url}):
-            response = client.get(reverse(LIST))
-    conf.get_config.cache_clear()
-    text = response.content.decode()
-    assert response.status_code == 503
-    assert f"Relier cannot reach Redis at <code>{url}</code>" in text
-    assert "What to check" in text and "ConnectionError" in text
-    assert "Traceback" not in text and 'id="site-name"' in text  # inside the admin's look

@@ -24,7 +24,7 @@ from relier_django.core.dlq.store import DeadLetterStore
 from relier_django.core.model.envelope import decode
 from relier_django.core.model.failure import Reason
 from relier_django.core.store.keys import KeySpace
-from relier_django.dlq_render import utc_text
+from relier_django.readers.render import utc_text
 from testproject.demo import tasks
 from testproject.harness import free_port
 from tests import dlq_entries as entries

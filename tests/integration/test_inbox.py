@@ -1,4 +1,4 @@
-"""The fenced inbox (relier_django/inbox.py, docs/transactions.md): a unit of a task's
+"""The fenced inbox (relier_django/db/inbox.py, docs/transactions.md): a unit of a task's
 database work commits exactly once, whichever incarnations run it.
 
 In process, with real commits (``django_db(transaction=True)``) on SQLite and on
@@ -19,7 +19,7 @@ from django.db import IntegrityError, OperationalError, connections, transaction
 from relier_django.core.model.errors import TaskLost
 from relier_django.core.task import rl_task
 from relier_django.core.worker.context import TaskContext
-from relier_django.inbox import Unit, once, run_atomic
+from relier_django.db.inbox import Unit, once, run_atomic
 from relier_django.models import InboxEntry
 from testproject.demo.models import Booking
 from tests.databases import ALIASES, COMMITS, DATABASES, PG
@@ -337,8 +337,8 @@ def test_atomic_takes_only_true_false_or_an_alias(value):
 
 @COMMITS
 def test_the_relay_prunes_inbox_rows_older_than_inbox_keep_s(settings, redis_client):
+    from relier_django.db.outbox import Relay
     from relier_django.models import InboxEntry
-    from relier_django.outbox import Relay
     from testproject.celery import app
 
     settings.RELIER = {**settings.RELIER, "INBOX_KEEP_S": 3600}

@@ -25,8 +25,8 @@ from relier_django.core.model import config
 from relier_django.core.model.envelope import Envelope, decode
 from relier_django.core.store.keys import KeySpace
 from relier_django.core.store.receipt import DispatchState
+from relier_django.db.outbox import OutboxUnavailable, Relay, RelayReport, backlog, databases
 from relier_django.models import OutboxEntry
-from relier_django.outbox import OutboxUnavailable, Relay, RelayReport, backlog, databases
 from testproject.celery import app
 from testproject.demo import tasks
 from testproject.demo.models import Booking

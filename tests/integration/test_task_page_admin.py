@@ -14,16 +14,14 @@ import re
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import Permission
-from django.test import override_settings
 from django.urls import reverse
 
-from relier_django import conf, metrics
 from relier_django.core.push import producer
+from relier_django.readers import tasks as task_reader
 from testproject.celery import app
 from testproject.demo import tasks
-from testproject.harness import free_port, wait_until
+from testproject.harness import wait_until
 from tests.dlq_entries import fail
 
 pytestmark = pytest.mark.django_db
@@ -118,7 +116,7 @@ def test_a_task_a_real_worker_runs_shows_running_with_its_worker_and_start_event
     receipt = tasks.sync_record.push_with(on_commit=False).push("slow", 4)
 
     def running() -> bool:
-        found = metrics.task(receipt.task_id)
+        found = task_reader.unfinished(receipt.task_id)
         return found is not None and found.state == "running"
 
     wait_until(running, 30, what="the worker to start the task")
@@ -174,18 +172,3 @@ def test_a_hostile_task_id_is_escaped_and_its_link_opens_its_page(client, login,
     assert HOSTILE not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     unknown = client.get(reverse(TASK, args=[HOSTILE])).content.decode()
     assert HOSTILE not in unknown and "&lt;script&gt;alert(1)&lt;/script&gt;" in unknown
-
-
-def test_redis_down_is_the_overviews_readable_503_page(client, login, redis_client, monkeypatch):
-    login("view_dlq")
-    url = f"redis://127.0.0.1:{free_port()}/0"  # nobody listens there
-    with monkeypatch.context() as mp:
-        mp.setenv("RELIER_REDIS_URL", url)
-        with override_settings(RELIER={**settings.RELIER, "REDIS_URL": url}):
-            response = client.get(reverse(TASK, args=["some-task"]))
-    conf.get_config.cache_clear()
-    text = response.content.decode()
-    assert response.status_code == 503
-    assert f"Relier cannot reach Redis at <code>{url}</code>" in text
-    assert "What to check" in text and "ConnectionError" in text
-    assert "Traceback" not in text and 'id="site-name"' in text

@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from relier_django.admin_charts import hh_mm, svg_bars, svg_lines
-from relier_django.admin_overview import charts, duration
+from relier_django.admin.charts import hh_mm, svg_bars, svg_lines
+from relier_django.admin.overview import charts, duration
 from relier_django.core.observe.figures import Minute
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -55,6 +55,10 @@ class Config:
     drain_timeout_s: float = 30.0
     # Socket timeout for Redis calls made by the core.
     redis_socket_timeout_s: float = 5.0
+    # How long a client keeps retrying a connection error before it raises: at least
+    # this, at most twice (backoff with jitter). Longer than a restart or a failover
+    # takes; tests of an unreachable Redis shorten it (store/retrying.py).
+    redis_retry_s: float = 3.75
     # Redis Sentinel: when set, the master named sentinel_master is found through these
     # "host:port" sentinels, and redis_url gives only credentials, db and TLS options.
     sentinels: tuple[str, ...] = ()
@@ -133,7 +137,7 @@ class Config:
                 found.append((name, " must be > 0"))
         for name in (
             "drain_timeout_s", "max_resurrections", "max_retries", "result_ttl_s",
-            "recovery_max_depth",
+            "recovery_max_depth", "redis_retry_s",
         ):  # fmt: skip
             if getattr(self, name) < 0:
                 found.append((name, " must be >= 0"))

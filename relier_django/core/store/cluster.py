@@ -27,7 +27,7 @@ import redis.connection
 import redis.retry
 
 from ..model.config import Config
-from .retrying import RETRIES, AsyncRetry, Retry, backoff
+from .retrying import AsyncRetry, Retry, backoff, retries_within
 
 # What a round may fail with and still be worth another: a node away, a slot without a
 # master while a replica is promoted.
@@ -53,8 +53,9 @@ _seen: dict[str, set[tuple[str, int]]] = {}
 _TRANSIENT_TYPED = cast("tuple[type[redis.exceptions.RedisError], ...]", _TRANSIENT)
 
 
-def _rounds(policy: type[Retry] | type[AsyncRetry], fail_fast: bool) -> Any:
-    return policy(backoff(), 0 if fail_fast else RETRIES, supported_errors=_TRANSIENT_TYPED)
+def _rounds(policy: type[Retry] | type[AsyncRetry], fail_fast: bool, budget_s: float) -> Any:
+    retries = 0 if fail_fast else retries_within(budget_s)
+    return policy(backoff(), retries, supported_errors=_TRANSIENT_TYPED)
 
 
 class SyncCluster(redis.cluster.RedisCluster):
@@ -111,7 +112,7 @@ def sync_cluster(config: Config, fail_fast: bool, options: dict[str, Any]) -> re
     store client exists on both with the same meaning, and ``keys`` keeps each call in
     one slot."""
     client: Any = _built(SyncCluster.from_url, config, retry=_IN_ROUND, **options)
-    client.rounds = _rounds(Retry, fail_fast)
+    client.rounds = _rounds(Retry, fail_fast, config.redis_retry_s)
     remember(client, config)
     return client  # type: ignore[no-any-return]
 
@@ -119,7 +120,7 @@ def sync_cluster(config: Config, fail_fast: bool, options: dict[str, Any]) -> re
 def async_cluster(config: Config, fail_fast: bool, options: dict[str, Any]) -> redis.asyncio.Redis:
     """An asyncio cluster client, typed as :func:`sync_cluster`'s is."""
     client: Any = _built(AsyncCluster.from_url, config, retry=_IN_ROUND, **options)
-    client.rounds = _rounds(AsyncRetry, fail_fast)
+    client.rounds = _rounds(AsyncRetry, fail_fast, config.redis_retry_s)
     return client  # type: ignore[no-any-return]
 
 

@@ -47,7 +47,7 @@ from ..model.config import Config
 from ..model.redaction import redact
 from . import cluster
 from .keys import KeySpace
-from .retrying import RETRIES, AsyncRetry, Retry, backoff
+from .retrying import AsyncRetry, Retry, backoff, retries_within
 
 __all__ = [
     "FastLane",
@@ -228,7 +228,7 @@ def fast_lane(client: redis.Redis) -> FastLane | None:
 
 
 def _build_sync(config: Config, fail_fast: bool) -> redis.Redis:
-    retry = Retry(backoff(), 0 if fail_fast else RETRIES)
+    retry = Retry(backoff(), 0 if fail_fast else retries_within(config.redis_retry_s))
     options = _options(config, fail_fast)
     if config.cluster:
         return cluster.sync_cluster(config, fail_fast, options)
@@ -246,7 +246,7 @@ def _build_sync(config: Config, fail_fast: bool) -> redis.Redis:
 def _build_async(
     config: Config, fail_fast: bool
 ) -> tuple[redis.asyncio.Redis, redis.asyncio.sentinel.Sentinel | None]:
-    retry = AsyncRetry(backoff(), 0 if fail_fast else RETRIES)
+    retry = AsyncRetry(backoff(), 0 if fail_fast else retries_within(config.redis_retry_s))
     options = _options(config, fail_fast)
     if config.cluster:
         return cluster.async_cluster(config, fail_fast, options), None
@@ -269,7 +269,7 @@ def named_client(config: Config, name: str) -> redis.Redis:
     time a read out: for a connection that waits for nothing, held open so that the
     server sees the process alive (``liveness``). Through Sentinel it follows the
     master like the other clients."""
-    retry = Retry(backoff(), RETRIES)
+    retry = Retry(backoff(), retries_within(config.redis_retry_s))
     options = {**_options(config, False), "client_name": name, "health_check_interval": 0}
     if config.cluster:
         host, port = home_address(config)

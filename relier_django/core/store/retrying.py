@@ -3,7 +3,8 @@
 A restart, a failover or a brief network cut must not fail a task's start or commit:
 connection errors are retried with backoff for at least 3.75 s and at most 7.5 s (half
 of each delay is fixed, half random: 0.05 s doubling up to 1 s, 10 times; redis-py's
-default gives up within about one second). The fixed half gives a floor: a fully random
+default gives up within about one second). ``REDIS_RETRY_S`` moves that floor (a test
+of an unreachable Redis need not wait it out). The fixed half gives a floor: a fully random
 delay can add up to under 3 s a few percent of the time, shorter than a Sentinel
 failover with down-after-milliseconds 1000 (2.3-2.9 s, measured by
 tests/chaos/test_sentinel.py) or a Redis Cluster failover with cluster-node-timeout
@@ -23,11 +24,23 @@ import redis.asyncio.retry
 import redis.backoff
 import redis.retry
 
-RETRIES = 10
+RETRIES = 10  # the default budget's (3.75 s): see retries_within
+_CAP_S, _BASE_S = 1.0, 0.05
 
 
 def backoff() -> redis.backoff.AbstractBackoff:
-    return redis.backoff.EqualJitterBackoff(cap=1.0, base=0.05)
+    return redis.backoff.EqualJitterBackoff(cap=_CAP_S, base=_BASE_S)
+
+
+def retries_within(budget_s: float) -> int:
+    """How many retries make the backoff's fixed halves reach ``budget_s`` (the
+    ``REDIS_RETRY_S`` setting): the client then retries for at least that long and at
+    most twice as long. 3.75 s (the default) gives 10; 0 gives none."""
+    retries, waited = 0, 0.0
+    while waited < budget_s:
+        retries += 1
+        waited += min(_CAP_S, _BASE_S * 2**retries) / 2
+    return retries
 
 
 # redis-py's AuthenticationError (a wrong password, a disabled user, NOAUTH) is a

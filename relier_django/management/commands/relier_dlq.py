@@ -31,8 +31,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from relier_django import dlq
-from relier_django.dlq_render import HISTORY_COLUMNS, history_rows, plural, utc_text
+from relier_django import conf, dlq
+from relier_django.readers import tasks
+from relier_django.readers.render import HISTORY_COLUMNS, history_rows, plural, utc_text
 
 _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _DURATION = re.compile(r"(\d+)([smhdw])")
@@ -197,7 +198,7 @@ def _outcome(
     """One entry of ``release --json``: released as ``task_id``, refused for ``why``,
     or neither (a dry run's match). A released task's state and fence are read just
     after its release, so a worker may already have taken it, or finished it."""
-    task = None if task_id is None else dlq.unfinished_task(task_id)
+    task = None if task_id is None else tasks.unfinished(task_id)
     state = None if task_id is None else "finished" if task is None else task.state
     return {
         "id": entry_id, "released": task_id is not None, "why": why, "task_id": task_id,
@@ -254,9 +255,9 @@ class Command(BaseCommand):
         try:
             run(**options)
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            raise CommandError(f"cannot reach Redis at {dlq.redis_location()}: {exc}") from exc
+            raise CommandError(f"cannot reach Redis at {conf.redis_location()}: {exc}") from exc
         except RedisError as exc:
-            raise CommandError(f"Redis at {dlq.redis_location()} failed: {exc}") from exc
+            raise CommandError(f"Redis at {conf.redis_location()} failed: {exc}") from exc
         except OperationalError as exc:
             # core.release put the entry it was sending back in the DLQ.
             raise CommandError(f"cannot reach the Celery broker: {exc}") from exc

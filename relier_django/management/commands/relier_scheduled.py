@@ -3,7 +3,7 @@
 ``list`` shows the tasks waiting for their due time (countdown, eta, a retry's
 backoff), earliest first, by pages; ``periodic`` shows each ``beat_schedule`` entry
 relier fires with its last tick, that tick's outcome and its next tick. Reads go
-through ``relier_django.scheduled`` (what the admin pages read too); this module parses
+through ``relier_django.readers.scheduled`` (what the admin pages read too); this module parses
 arguments and renders. The ``--json`` forms are stable, documented in
 docs/scheduling.md.
 """
@@ -20,8 +20,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from relier_django import scheduled
-from relier_django.dlq_render import plural, utc_text
+from relier_django import conf
+from relier_django.readers import scheduled
+from relier_django.readers.render import plural, utc_text
 
 
 def _limit(text: str) -> int:
@@ -72,10 +73,10 @@ class Command(BaseCommand):
         try:
             runs[subcommand](**options)
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            where = scheduled.redis_location()
+            where = conf.redis_location()
             raise CommandError(f"cannot reach Redis at {where}: {exc}") from exc
         except RedisError as exc:
-            raise CommandError(f"Redis at {scheduled.redis_location()} failed: {exc}") from exc
+            raise CommandError(f"Redis at {conf.redis_location()} failed: {exc}") from exc
 
     def _json(self, value: Any) -> None:
         self.stdout.write(json.dumps(value, indent=2, ensure_ascii=False))

@@ -16,9 +16,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from redis.exceptions import RedisError
 
-from relier_django import metrics, scheduled
+from relier_django import conf, metrics
 from relier_django.core.observe.figures import Figures, Histogram
-from relier_django.dlq_render import utc_text
+from relier_django.readers import scheduled
+from relier_django.readers.render import utc_text
 
 _CLEAR = "\x1b[H\x1b[2J"
 
@@ -131,7 +132,7 @@ class Command(BaseCommand):
                 found = metrics.read(task_limit=options["tasks"])
             except RedisError as exc:
                 raise CommandError(
-                    f"relier's Redis cannot be read at {scheduled.redis_location()}: {exc}"
+                    f"relier's Redis cannot be read at {conf.redis_location()}: {exc}"
                 ) from exc
             if options["as_json"]:
                 self.stdout.write(json.dumps(found.to_json(), sort_keys=True))

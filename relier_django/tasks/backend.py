@@ -19,14 +19,14 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from .core.model import config, events
-from .core.model.timing import NOW, timing
-from .core.push import producer
-from .core.store import story
-from .core.store.connection import async_client, sync_client
-from .core.store.keys import KeySpace
-from .core.store.receipt import Receipt
-from .core.task import rl_task
+from ..core.model import config, events
+from ..core.model.timing import NOW, timing
+from ..core.push import producer
+from ..core.store import story
+from ..core.store.connection import async_client, sync_client
+from ..core.store.keys import KeySpace
+from ..core.store.receipt import Receipt
+from ..core.task import rl_task
 
 try:
     from django.tasks import TaskResultStatus

@@ -8,7 +8,7 @@ entry's, so it redirects there; a finished one names its outcome's status while 
 outcome is kept (``RESULT_TTL_S``), never its result; any other id is a 404 inside the
 admin's look.
 
-Read-only, wrapped as the overview is (``admin_overview.read_only``). Task ids are
+Read-only (``pages.read_only``), as the overview is. Task ids are
 caller-chosen text: they reach the page only through the autoescaping template.
 """
 
@@ -19,16 +19,15 @@ from typing import Any
 from celery import states
 from django.contrib.admin import ModelAdmin
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
 
-from . import conf, dlq, metrics
-from .admin_overview import duration, page_context, page_url, read_only
-from .core.model.errors import TaskFailed
-from .core.observe.task import TaskView
-from .core.store.receipt import TaskStatus
-from .dlq_render import history_table, utc_text
-
-TEMPLATE = "admin/relier_django/task.html"
+from .. import conf, dlq
+from ..core.model.errors import TaskFailed
+from ..core.observe.task import TaskView
+from ..core.store.receipt import TaskStatus
+from ..readers import tasks
+from ..readers.render import history_table, utc_text
+from . import pages
+from .overview import duration
 
 # A finished task's status as the page words it.
 _FINISHED = {
@@ -74,14 +73,14 @@ def finished(status: TaskStatus) -> dict[str, Any] | None:
     }
 
 
-@read_only("Task")
+@pages.read_only("this task cannot be shown")
 def task(request: HttpRequest, model_admin: ModelAdmin, task_id: str) -> HttpResponse:
     """One task: in flight, its page; dead-lettered, its DLQ entry; finished, its
     outcome's status; else 404."""
-    found = metrics.task(task_id)
+    found = tasks.unfinished(task_id)
     title = f"Task {task_id}"
     if found is not None:
-        context = page_context(
+        context = pages.context(
             request,
             model_admin,
             title,
@@ -90,11 +89,11 @@ def task(request: HttpRequest, model_admin: ModelAdmin, task_id: str) -> HttpRes
             facts=facts(found),
             history=history_table(found.history),
         )
-        return TemplateResponse(request, TEMPLATE, context)
+        return pages.render(request, "task.html", context)
     if dlq.store().get(task_id) is not None:
-        return HttpResponseRedirect(page_url(model_admin, "detail", task_id))
-    done = finished(metrics.outcome(task_id))
-    context = page_context(
+        return HttpResponseRedirect(pages.url(model_admin, "detail", task_id))
+    done = finished(tasks.outcome(task_id))
+    context = pages.context(
         request,
         model_admin,
         title,
@@ -102,4 +101,4 @@ def task(request: HttpRequest, model_admin: ModelAdmin, task_id: str) -> HttpRes
         finished=done,
         result_ttl=duration(conf.get_config().result_ttl_s),
     )
-    return TemplateResponse(request, TEMPLATE, context, status=200 if done else 404)
+    return pages.render(request, "task.html", context, status=200 if done else 404)

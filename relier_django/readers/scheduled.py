@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from celery import current_app
 
-from . import conf
-from .core.schedule.listing import (
+from .. import conf
+from ..core.schedule.listing import (
     MAX_PAGE,
     Cursor,
     NotFired,
@@ -21,9 +21,8 @@ from .core.schedule.listing import (
     Scheduled,
     iso,
 )
-from .core.schedule.listing import page as _page
-from .core.schedule.listing import periodic as _periodic
-from .core.store.connection import describe
+from ..core.schedule.listing import page as _page
+from ..core.schedule.listing import periodic as _periodic
 
 __all__ = [
     "MAX_PAGE",
@@ -36,7 +35,6 @@ __all__ = [
     "iso",
     "page",
     "periodic",
-    "redis_location",
 ]
 
 
@@ -50,8 +48,3 @@ def periodic() -> Periodic:
     """The project's periodic entries with their last and next ticks; see
     ``core.schedule.listing.periodic``."""
     return _periodic(current_app._get_current_object(), conf.get_config())
-
-
-def redis_location() -> str:
-    """Where relier's Redis is, password hidden, for error messages."""
-    return describe(conf.get_config())

@@ -21,8 +21,11 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, re_path
 
-from . import admin_overview, admin_schedule, admin_task, admin_views
-from .models import MANAGE_PERMISSION, VIEW_PERMISSION, DeadLetter
+from ..models import MANAGE_PERMISSION, VIEW_PERMISSION, DeadLetter
+from . import dlq as admin_views
+from . import overview as admin_overview
+from . import schedule as admin_schedule
+from . import task as admin_task
 
 
 @admin.register(DeadLetter)

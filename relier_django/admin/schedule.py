@@ -2,98 +2,27 @@
 time, earliest first, by pages) and "Periodic entries" (each ``beat_schedule`` entry
 relier fires: schedule, last tick and its outcome, next tick).
 
-Reads go through ``relier_django.scheduled``, as ``manage.py relier_scheduled`` does.
+Reads go through ``readers.scheduled``, as ``manage.py relier_scheduled`` does.
 The pages change nothing, so they ask for the DLQ admin's view permission
 (``relier_django.view_dlq``) rather than a permission of their own, which would need a
 new model and migration. ``admin.DeadLetterAdmin.get_urls`` binds each view to its
 ``model_admin`` and wraps it in ``admin_site.admin_view`` (staff login); Redis down is
-a readable 503 inside the admin, as on the DLQ pages.
+``pages``' readable 503, as on every Relier page.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-from collections.abc import Callable
-from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.admin import ModelAdmin
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
-from django.template.response import TemplateResponse
-from django.urls import reverse
-from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
-from redis.exceptions import RedisError
 
-from . import scheduled
-from .dlq_render import utc_text
-
-logger = logging.getLogger(__name__)
+from ..readers import scheduled
+from ..readers.render import utc_text
+from . import pages
 
 PAGE_SIZE = 50
-_TEMPLATES = "relier_django/admin/"
-
-
-def _url(model_admin: ModelAdmin, page: str) -> str:
-    name = f"admin:{model_admin.opts.app_label}_{model_admin.opts.model_name}_{page}"
-    url: str = reverse(name, current_app=model_admin.admin_site.name)
-    return url
-
-
-def _context(
-    request: HttpRequest, model_admin: ModelAdmin, title: str, **extra: Any
-) -> dict[str, Any]:
-    request.current_app = model_admin.admin_site.name
-    return {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.opts,
-        "title": title,
-        "changelist_url": _url(model_admin, "changelist"),
-        "scheduled_url": _url(model_admin, "scheduled"),
-        "periodic_url": _url(model_admin, "periodic"),
-        **extra,
-    }
-
-
-def _guarded(title: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
-    """Check the view permission, then turn a Redis error into the "Redis cannot be
-    reached" page (503). Context is computed before rendering: templates never read
-    Redis themselves."""
-
-    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-        @functools.wraps(view)
-        def guarded(request: HttpRequest, model_admin: ModelAdmin) -> Any:
-            if not model_admin.has_view_permission(request):
-                raise PermissionDenied
-            try:
-                return view(request, model_admin)
-            except RedisError as exc:
-                location = scheduled.redis_location()
-                logger.error(
-                    "schedule admin: Redis at %s cannot be reached: %r",
-                    location,
-                    exc,
-                    exc_info=True,
-                )
-                context = _context(
-                    request,
-                    model_admin,
-                    title,
-                    redis_location=location,
-                    error=f"{type(exc).__name__}: {exc}",
-                    retry_url=request.get_full_path(),
-                )
-                return TemplateResponse(
-                    request, _TEMPLATES + "schedule_redis_down.html", context, status=503
-                )
-
-        wrapped: Callable[..., HttpResponse] = never_cache(require_GET(guarded))
-        return wrapped
-
-    return decorate
 
 
 def _relative(delta_ms: int) -> str:
@@ -123,7 +52,7 @@ def _query(**params: str | None) -> str:
     return "?" + urlencode({k: v for k, v in params.items() if v})
 
 
-@_guarded("Scheduled tasks")
+@pages.read_only("what is scheduled cannot be shown")
 def scheduled_list(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     """The tasks waiting for their due time, earliest first, PAGE_SIZE a page."""
     task = request.GET.get("task", "").strip() or None
@@ -141,7 +70,7 @@ def scheduled_list(request: HttpRequest, model_admin: ModelAdmin) -> HttpRespons
         for t in page.tasks
     ]
     nxt = None if page.next_cursor is None else str(page.next_cursor)
-    context = _context(
+    context = pages.context(
         request,
         model_admin,
         "Scheduled tasks",
@@ -152,10 +81,10 @@ def scheduled_list(request: HttpRequest, model_admin: ModelAdmin) -> HttpRespons
         first_page=_query(task=task) if cursor is not None else None,
         next_page=_query(task=task, cursor=nxt) if nxt else None,
     )
-    return TemplateResponse(request, _TEMPLATES + "scheduled.html", context)
+    return pages.render(request, "scheduled.html", context)
 
 
-@_guarded("Periodic entries")
+@pages.read_only("the periodic entries cannot be shown")
 def periodic_list(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     """Each ``beat_schedule`` entry relier fires, and the ones it does not, with why."""
     view = scheduled.periodic()
@@ -168,7 +97,7 @@ def periodic_list(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse
         }
         for e in view.entries
     ]
-    context = _context(
+    context = pages.context(
         request,
         model_admin,
         "Periodic entries",
@@ -176,4 +105,4 @@ def periodic_list(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse
         not_fired=view.not_fired,
         now=utc_text(view.now_ms),
     )
-    return TemplateResponse(request, _TEMPLATES + "periodic.html", context)
+    return pages.render(request, "periodic.html", context)

@@ -17,7 +17,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from redis.exceptions import RedisError
 
-from . import conf, metrics
+from .. import conf, metrics
 
 logger = logging.getLogger("relier_django.metrics")
 

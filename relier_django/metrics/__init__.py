@@ -26,14 +26,11 @@ from prometheus_client.core import (
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from . import conf
-from .core.broker.depth import queue_depth
-from .core.observe import figures, live
-from .core.observe.figures import Figures, Histogram
-from .core.observe.task import TaskView, read_task
-from .core.store.connection import sync_client
-from .core.store.keys import KeySpace
-from .core.store.receipt import TaskStatus, read_status
+from .. import conf
+from ..core.broker.depth import queue_depth
+from ..core.observe import figures, live
+from ..core.observe.figures import Figures, Histogram
+from ..core.store.connection import sync_client
 
 logger = logging.getLogger("relier_django.metrics")
 
@@ -66,7 +63,7 @@ def read(task_limit: int = live.TASK_LIST_LIMIT) -> Figures:
 def outbox_backlog() -> dict[str, int | None]:
     """Outbox rows waiting for the relay, per database that has the outbox table
     (``None`` for one that cannot be read just now: never an error of the page)."""
-    from . import outbox  # the models: only once the app registry is ready
+    from ..db import outbox  # the models: only once the app registry is ready
 
     backlog: dict[str, int | None] = {}
     try:
@@ -81,19 +78,6 @@ def outbox_backlog() -> dict[str, int | None]:
             logger.warning("metrics: the outbox of %r cannot be read", alias, exc_info=True)
             backlog[alias] = None
     return backlog
-
-
-def task(task_id: str) -> TaskView | None:
-    """One unfinished task with its history, from relier's Redis; None when no task
-    with this id is in flight (finished, dead-lettered, or never pushed)."""
-    cfg = conf.get_config()
-    return read_task(sync_client(cfg), KeySpace.of(cfg), task_id)
-
-
-def outcome(task_id: str) -> TaskStatus:
-    """Where a task stands as its receipt would say (``SUCCESS``, ``FAILURE``,
-    ``REVOKED``... or ``known=False``), read from relier's Redis."""
-    return read_status(conf.get_config(), task_id)
 
 
 def _histogram(name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:

@@ -12,35 +12,28 @@ it in ``admin_site.admin_view`` (staff login and CSRF).
 
 from __future__ import annotations
 
-import functools
 import json
-import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.admin import ModelAdmin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
-from django.template.response import TemplateResponse
-from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
 
-from . import dlq
-from .dlq_render import history_table, plural, utc
-
-logger = logging.getLogger(__name__)
+from .. import dlq
+from ..readers.render import history_table, plural, utc
+from . import pages
 
 PAGE_SIZE = 50
 MAX_SELECTED = 200  # entries one action may name: four full pages
 ACTIONS = ("release", "delete")
 NO_TASK = "(no task name)"  # a message that could not be tied to a task
-_TEMPLATES = "relier_django/admin/"
+_LOST = "the dead-letter queue cannot be shown or changed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,62 +74,9 @@ def _query(**params: str | None) -> str:
     return "?" + urlencode({k: v for k, v in params.items() if v is not None})
 
 
-def _url(model_admin: ModelAdmin, page: str, *args: str) -> str:
-    name = f"admin:{model_admin.opts.app_label}_{model_admin.opts.model_name}_{page}"
-    url: str = reverse(name, args=args, current_app=model_admin.admin_site.name)
-    return url
-
-
 def _require(allowed: bool) -> None:
     if not allowed:
         raise PermissionDenied
-
-
-def _context(
-    request: HttpRequest, model_admin: ModelAdmin, title: str, **extra: Any
-) -> dict[str, Any]:
-    request.current_app = model_admin.admin_site.name  # {% url 'admin:...' %} follows it
-    return {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.opts,
-        "title": title,
-        "can_manage": model_admin.has_manage_permission(request),
-        "changelist_url": _url(model_admin, "changelist"),
-        **extra,
-    }
-
-
-def _render(request: HttpRequest, name: str, context: dict[str, Any], status: int = 200) -> Any:
-    return TemplateResponse(request, _TEMPLATES + name, context, status=status)
-
-
-def _redis_guard(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Turn a Redis error into the "Redis cannot be reached" page (503). Context is
-    computed before rendering, so templates never touch Redis themselves."""
-
-    @functools.wraps(view)
-    def guarded(request: HttpRequest, model_admin: ModelAdmin, **kwargs: Any) -> Any:
-        try:
-            return view(request, model_admin, **kwargs)
-        except RedisError as exc:
-            location = dlq.redis_location()
-            logger.error(
-                "DLQ admin: Redis at %s cannot be reached: %r", location, exc, exc_info=True
-            )
-            context = _context(
-                request,
-                model_admin,
-                "Redis cannot be reached",
-                redis_location=location,
-                error=f"{type(exc).__name__}: {exc}",
-                retry_url=request.get_full_path() if request.method == "GET" else None,
-            )
-            return _render(request, "redis_down.html", context, status=503)
-
-    return guarded
-
-
-# --- the list ---------------------------------------------------------------------------
 
 
 def _search(
@@ -145,10 +85,12 @@ def _search(
     """An exact entry id opens it; else the task names containing ``q`` (one: filtered,
     ``q`` kept for the search box)."""
     if store.get(q) is not None:
-        return HttpResponseRedirect(_url(model_admin, "detail", q))
+        return HttpResponseRedirect(pages.url(model_admin, "detail", q))
     names = sorted(t for t in counts.by_task if q.casefold() in t.casefold())
     if len(names) == 1:
-        return HttpResponseRedirect(_url(model_admin, "changelist") + _query(task=names[0], q=q))
+        return HttpResponseRedirect(
+            pages.url(model_admin, "changelist") + _query(task=names[0], q=q)
+        )
     return names
 
 
@@ -193,7 +135,7 @@ def _cursor(request: HttpRequest) -> dlq.Cursor | None:
 
 @never_cache
 @require_GET
-@_redis_guard
+@pages.guarded(_LOST)
 def changelist(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     """The entries, newest failure first, PAGE_SIZE a page, filtered by task and reason."""
     _require(model_admin.has_view_permission(request))
@@ -217,7 +159,7 @@ def changelist(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     ]
     next_cursor = None if page.next_cursor is None else str(page.next_cursor)
     kept = q or None
-    context = _context(
+    context = pages.context(
         request,
         model_admin,
         "Dead-letter queue",
@@ -237,7 +179,7 @@ def changelist(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
         ),
         no_task=NO_TASK,
     )
-    return _render(request, "list.html", context)
+    return pages.render(request, "list.html", context)
 
 
 # --- one entry --------------------------------------------------------------------------
@@ -245,7 +187,7 @@ def changelist(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
 
 @never_cache
 @require_GET
-@_redis_guard
+@pages.guarded(_LOST)
 def detail(request: HttpRequest, model_admin: ModelAdmin, entry_id: str) -> HttpResponse:
     """Everything an entry holds: summary, error, traceback, envelope (or raw), history."""
     _require(model_admin.has_view_permission(request))
@@ -256,9 +198,9 @@ def detail(request: HttpRequest, model_admin: ModelAdmin, entry_id: str) -> Http
             f"There is no entry {entry_id} in the dead-letter queue: it was released or "
             "deleted meanwhile, or never existed.",
         )
-        return HttpResponseRedirect(_url(model_admin, "changelist"))
+        return HttpResponseRedirect(pages.url(model_admin, "changelist"))
     envelope = entry.envelope
-    context = _context(
+    context = pages.context(
         request,
         model_admin,
         f"Entry {entry.id}",
@@ -271,7 +213,7 @@ def detail(request: HttpRequest, model_admin: ModelAdmin, entry_id: str) -> Http
         history=history_table(entry.history),
         pin=str(Pin.of(entry.summary)),
     )
-    return _render(request, "detail.html", context)
+    return pages.render(request, "detail.html", context)
 
 
 # --- release and delete -----------------------------------------------------------------
@@ -288,7 +230,7 @@ def _pins(values: Iterable[str]) -> list[Pin]:
 def _back(model_admin: ModelAdmin, form: Mapping[str, str]) -> str:
     """The list, with the filters and search the action was started from."""
     filters = {k: form[k] for k in ("task", "reason", "q") if k in form}
-    return _url(model_admin, "changelist") + (_query(**filters) if filters else "")
+    return pages.url(model_admin, "changelist") + (_query(**filters) if filters else "")
 
 
 def _ids(ids: Sequence[str]) -> str:
@@ -318,7 +260,7 @@ def _confirm(
         summary = None if entry is None else entry.summary
         outcome = _preview(action, pin, entry)
         rows.append({"pin": pin, "summary": summary, "outcome": outcome})
-    context = _context(
+    context = pages.context(
         request,
         model_admin,
         f"{action.capitalize()} {plural(len(pins))}?",
@@ -329,7 +271,7 @@ def _confirm(
         q=request.POST.get("q"),
         back_url=_back(model_admin, request.POST),
     )
-    return _render(request, "confirm.html", context)
+    return pages.render(request, "confirm.html", context)
 
 
 def _release(request: HttpRequest, pins: Sequence[Pin]) -> None:
@@ -372,7 +314,7 @@ def _delete(request: HttpRequest, pins: Sequence[Pin]) -> None:
 
 @never_cache
 @require_POST
-@_redis_guard
+@pages.guarded(_LOST)
 def act(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     """Release or delete the selected entries: the first POST shows what will happen,
     only a second one with ``confirm=yes`` does it."""

@@ -23,12 +23,12 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, co
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
-from . import conf
-from .core.model.envelope import Envelope
-from .core.model.timing import Timing
-from .core.push import outbox as core_outbox
-from .core.push import producer
-from .models import InboxEntry, OutboxEntry
+from .. import conf
+from ..core.model.envelope import Envelope
+from ..core.model.timing import Timing
+from ..core.push import outbox as core_outbox
+from ..core.push import producer
+from ..models import InboxEntry, OutboxEntry
 
 logger = logging.getLogger("relier_django.outbox")
 

@@ -2,45 +2,36 @@
 
 One reading of ``metrics.read`` (what the metrics endpoint and ``relier_status`` show)
 and of ``scheduled.periodic``, laid out as the admin's tables, with three charts of the
-last hour drawn as inline SVG by ``admin_charts``: no JavaScript, no asset to fetch, no
+last hour drawn as inline SVG by ``charts``: no JavaScript, no asset to fetch, no
 inline style for a Content-Security-Policy to refuse. The chart functions are pure and
 escape every text they write, which is why the view may mark their output safe; task
 names and ids never reach an SVG (they are in the HTML lists, autoescaped by the
 template).
 
-Read-only: the page asks for the DLQ's view permission, as the schedule pages do.
-``read_only`` is that wrapping (permission, GET only, never cached, Redis down as a
-readable 503), shared with the task page each listed task links to (``admin_task``).
+Read-only: the page asks for the DLQ's view permission, as the schedule pages do
+(``pages.read_only``: permission, GET only, never cached, Redis down as a readable 503).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.contrib.admin import ModelAdmin
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
-from django.template.response import TemplateResponse
-from django.urls import reverse
 from django.utils.safestring import mark_safe
-from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
-from redis.exceptions import RedisError
 
-from . import conf, dlq, metrics, scheduled
-from .admin_charts import hh_mm, svg_bars, svg_lines
-from .core.observe.figures import Figures, Histogram, Minute
-from .core.observe.live import Task
-from .core.store import workflows
-from .dlq_render import utc_text
-
-logger = logging.getLogger(__name__)
+from .. import conf, dlq, metrics
+from ..core.observe.figures import Figures, Histogram, Minute
+from ..core.observe.live import Task
+from ..core.store import workflows
+from ..readers import scheduled
+from ..readers.render import utc_text
+from . import pages
+from .charts import hh_mm, svg_bars, svg_lines
 
 TASK_LIMIT = 50  # in-flight tasks listed, running first, oldest first within a state
-TEMPLATE = "admin/relier_django/overview.html"
 
 
 def charts(minutes: Sequence[Minute]) -> dict[str, str]:
@@ -145,29 +136,6 @@ def task_rows(
 # --- the view -----------------------------------------------------------------------------
 
 
-def page_url(model_admin: ModelAdmin, page: str, *args: str) -> str:
-    """The URL of one of the Relier admin pages (``overview``, ``task``, ``detail``...)."""
-    name = f"admin:{model_admin.opts.app_label}_{model_admin.opts.model_name}_{page}"
-    url: str = reverse(name, args=args, current_app=model_admin.admin_site.name)
-    return url
-
-
-def page_context(
-    request: HttpRequest, model_admin: ModelAdmin, title: str = "Relier overview", **extra: Any
-) -> dict[str, Any]:
-    """What every read-only Relier page's template needs: the admin's, and the links."""
-    request.current_app = model_admin.admin_site.name
-    return {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.opts,
-        "title": title,
-        "changelist_url": page_url(model_admin, "changelist"),
-        "scheduled_url": page_url(model_admin, "scheduled"),
-        "periodic_url": page_url(model_admin, "periodic"),
-        **extra,
-    }
-
-
 WORKFLOW_LIMIT = 10
 
 
@@ -180,7 +148,7 @@ def workflow_rows(model_admin: ModelAdmin) -> list[dict[str, Any]]:
         view = workflows.read(cfg, workflow_id)
         if view is None:  # its record expired; the index forgets it later
             continue
-        failed = [(s.task_id, page_url(model_admin, "detail", s.task_id)) for s in view.failed]
+        failed = [(s.task_id, pages.url(model_admin, "detail", s.task_id)) for s in view.failed]
         rows.append(
             {
                 "view": view,
@@ -200,7 +168,7 @@ def _periodic_rows(model_admin: ModelAdmin, view: scheduled.Periodic) -> list[di
     for e in view.entries:
         failed = e.last_outcome == "FAILURE" and e.last_task_id is not None
         in_dlq = failed and store.get(e.last_task_id or "") is not None
-        dlq_url = page_url(model_admin, "detail", e.last_task_id or "") if in_dlq else None
+        dlq_url = pages.url(model_admin, "detail", e.last_task_id or "") if in_dlq else None
         rows.append(
             {
                 "entry": e,
@@ -235,54 +203,18 @@ def _figures(f: Figures, task_url: Callable[[str], str]) -> dict[str, Any]:
     }
 
 
-def read_only(title: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
-    """Wrap a read-only Relier page: the DLQ's view permission, GET only, never cached,
-    and a RedisError turned into the overview's "Redis cannot be reached" page (503,
-    inside the admin, what to check, never a traceback). Context is computed before
-    rendering: templates never read Redis themselves."""
-
-    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-        @functools.wraps(view)
-        def guarded(request: HttpRequest, model_admin: ModelAdmin, **kwargs: Any) -> Any:
-            if not model_admin.has_view_permission(request):
-                raise PermissionDenied
-            try:
-                return view(request, model_admin, **kwargs)
-            except RedisError as exc:
-                location = scheduled.redis_location()
-                logger.error(
-                    "overview admin: Redis at %s cannot be reached: %r",
-                    location,
-                    exc,
-                    exc_info=True,
-                )
-                context = page_context(
-                    request,
-                    model_admin,
-                    title,
-                    redis_location=location,
-                    error=f"{type(exc).__name__}: {exc}",
-                    retry_url=request.get_full_path(),
-                )
-                return TemplateResponse(request, TEMPLATE, context, status=503)
-
-        wrapped: Callable[..., HttpResponse] = never_cache(require_GET(guarded))
-        return wrapped
-
-    return decorate
-
-
-@read_only("Relier overview")
+@pages.read_only("the cluster's figures cannot be shown")
 def overview(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
     """The overview page; 503 with what to check when relier's Redis cannot be read."""
     found = metrics.read(task_limit=TASK_LIMIT)
     periodic = scheduled.periodic()
     extra = {
-        **_figures(found, functools.partial(page_url, model_admin, "task")),
+        **_figures(found, functools.partial(pages.url, model_admin, "task")),
         "periodic": _periodic_rows(model_admin, periodic),
         "outbox": sorted(metrics.outbox_backlog().items()),
         "workflows": workflow_rows(model_admin),
         "workflow_limit": WORKFLOW_LIMIT,
         "not_fired": periodic.not_fired,
     }
-    return TemplateResponse(request, TEMPLATE, page_context(request, model_admin, **extra))
+    values = pages.context(request, model_admin, "Relier overview", **extra)
+    return pages.render(request, "overview.html", values)

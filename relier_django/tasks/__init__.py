@@ -69,7 +69,7 @@ __all__ = ["ReliableTask", "RelierBackend"]
 # Celery's autodiscovery imports every installed app's ``tasks`` module, this one
 # included, in every worker: it must import cleanly where neither API is installed.
 if find_spec("django.tasks") is not None or find_spec("django_tasks") is not None:
-    from .taskbackend import ReliableTask, RelierBackend
+    from .backend import ReliableTask, RelierBackend
 else:
 
     class RelierBackend:  # type: ignore[no-redef]

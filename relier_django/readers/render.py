@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .core.model.timing import as_utc, unshowable
+from ..core.model.timing import as_utc, unshowable
 
 # The fields of a history event that both callers show in columns of their own.
 HISTORY_COLUMNS = ("at_ms", "event", "fence", "worker")
