@@ -22,7 +22,7 @@ from django.utils.module_loading import import_string
 from ..core.model import config, events
 from ..core.model.timing import NOW, timing
 from ..core.push import producer
-from ..core.store import story
+from ..core.store import snapshot
 from ..core.store.connection import async_client, sync_client
 from ..core.store.keys import KeySpace
 from ..core.store.receipt import Receipt
@@ -345,15 +345,15 @@ class RelierBackend(BaseTaskBackend):
                 its result expired, or another kind of task).
         """
         cfg = config.current()
-        return self._result(story.read(sync_client(cfg), KeySpace.of(cfg), str(result_id)))
+        return self._result(snapshot.read(sync_client(cfg), KeySpace.of(cfg), str(result_id)))
 
     async def aget_result(self, result_id: str) -> Any:
         """Async twin of :meth:`get_result`."""
         cfg = config.current()
-        found = await story.aread(async_client(cfg), KeySpace.of(cfg), str(result_id))
+        found = await snapshot.aread(async_client(cfg), KeySpace.of(cfg), str(result_id))
         return self._result(found)
 
-    def _result(self, told: story.Story) -> Any:
+    def _result(self, told: snapshot.Snapshot) -> Any:
         envelope = told.envelope
         task = _django_task(str(envelope.get("task", ""))) if envelope else None
         if envelope is None or task is None:
@@ -381,7 +381,7 @@ class RelierBackend(BaseTaskBackend):
         return result
 
     @staticmethod
-    def _outcome(told: story.Story) -> tuple[Any, Any, list[Any], datetime | None]:
+    def _outcome(told: snapshot.Snapshot) -> tuple[Any, Any, list[Any], datetime | None]:
         """(status, return value, errors, finished at)."""
         if told.record is not None:
             data = json.loads(told.record)

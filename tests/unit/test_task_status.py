@@ -1,8 +1,8 @@
 """How the store's keys read as Celery states (issue 20), and what crosses processes.
 
-``receipt._status`` is given the three replies ``read_status`` asks for in one round
-trip: the result record, the task hash's (state, attempt, worker, fence), and the DLQ
-entry's (reason, error, entry, at_ms).
+``receipt.status_of`` projects a ``snapshot`` of the task read as ``read_status`` reads
+it (``Reading.STATE``, one round trip): the result record, the task hash's (state,
+attempt, worker, fence), and the DLQ entry's (reason, error, entry, at_ms).
 """
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ from celery.utils.serialization import get_pickleable_exception
 
 from relier_django import TaskFailed
 from relier_django.core.model import outcome
-from relier_django.core.store.receipt import _status
+from relier_django.core.store.receipt import TaskStatus, status_of
+from relier_django.core.store.snapshot import Reading, _snapshot
+
+
+def _status(task_id: str, replies: list) -> TaskStatus:  # type: ignore[type-arg]
+    """The status of the replies ``read_status``'s one MULTI gets."""
+    return status_of(_snapshot(task_id, Reading.STATE, replies))
+
 
 NO_TASK = [None, None, None, None]
 NO_ENTRY = [None, None, None, None]

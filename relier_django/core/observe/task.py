@@ -10,17 +10,15 @@ more: the reader gets None, and its outcome is the result key's or the DLQ's.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+from ..store import snapshot
 from ..store.keys import KeySpace
-from .live import as_int, as_text, state_name
-
-_FIELDS = ("state", "worker", "fence", "name", "queue", "created_ms", "started_ms",
-           "due_ms", "expires_ms", "attempt", "res")  # fmt: skip
+from ..store.snapshot import Reading, Snapshot
+from .live import as_int, state_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +57,6 @@ def _ms(raw: str) -> int | None:
     return int(raw) if raw.isdigit() else None
 
 
-def _event(raw: Any) -> dict[str, Any]:
-    text = as_text(raw)
-    try:
-        event = json.loads(text)
-    except ValueError:
-        return {"raw": text}  # shown as recorded rather than dropped
-    return event if isinstance(event, dict) else {"raw": text}
-
-
 def read_task(client: redis.Redis, keys: KeySpace, task_id: str) -> TaskView | None:
     """The task ``task_id`` while it is unfinished.
 
@@ -79,26 +68,28 @@ def read_task(client: redis.Redis, keys: KeySpace, task_id: str) -> TaskView | N
     Returns:
         The task and its history, or None when no unfinished task has this id.
     """
-    pipe = client.pipeline(transaction=True)
-    pipe.hmget(keys.task(task_id), *_FIELDS)
-    pipe.lrange(keys.history(task_id), 0, -1)
-    row, history = pipe.execute()
-    f = dict(zip(_FIELDS, (as_text(v) for v in row), strict=True))
-    if not f["state"]:
+    return view_of(snapshot.read(client, keys, task_id, Reading.VIEW))
+
+
+def view_of(found: Snapshot) -> TaskView | None:
+    """An unfinished task as the admin's task page shows it; None once it finished."""
+    f = found.fields
+    stored = f.get("state", "")
+    if not stored:
         return None
-    stored = f["state"]
+    worker = f.get("worker", "")
     return TaskView(
-        task_id=task_id,
-        name=f["name"],
-        queue=f["queue"],
-        state="scheduled" if stored == "scheduled" else state_name(stored, f["worker"]),
-        fence=as_int(f["fence"]),
-        attempt=as_int(f["attempt"], 1),
-        resurrections=as_int(f["res"]),
-        worker=f["worker"],
-        created_ms=_ms(f["created_ms"]),
-        started_ms=_ms(f["started_ms"]),
-        due_ms=_ms(f["due_ms"]),
-        expires_ms=_ms(f["expires_ms"]),
-        history=tuple(_event(h) for h in history),
+        task_id=found.task_id,
+        name=f.get("name", ""),
+        queue=f.get("queue", ""),
+        state="scheduled" if stored == "scheduled" else state_name(stored, worker),
+        fence=as_int(f.get("fence", "")),
+        attempt=as_int(f.get("attempt", ""), 1),
+        resurrections=as_int(f.get("res", "")),
+        worker=worker,
+        created_ms=_ms(f.get("created_ms", "")),
+        started_ms=_ms(f.get("started_ms", "")),
+        due_ms=_ms(f.get("due_ms", "")),
+        expires_ms=_ms(f.get("expires_ms", "")),
+        history=found.history,
     )

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, cast
@@ -26,10 +25,11 @@ from ..model import config as config_mod
 from ..model import outcome
 from ..model.config import Config
 from ..model.errors import RelierError, TaskCancelled, TaskFailed
-from . import bridge
+from . import bridge, snapshot
 from .cancel import Cancelled, acancel, cancel
 from .connection import async_client, sync_client
 from .keys import KeySpace
+from .snapshot import Reading, Snapshot
 
 _FIRST_POLL_S = 0.002
 _MAX_POLL_S = 0.1
@@ -323,58 +323,48 @@ class TaskStatus:
     done_ms: int | None = None
 
 
-_TASK_FIELDS = ("state", "attempt", "worker", "fence")
-_ENTRY_FIELDS = ("reason", "error", "entry", "at_ms")
-
-
-def _queue_reads(pipe: Any, keys: KeySpace, task_id: str) -> None:
-    # Three keys under one {task_id} hash tag, read in one round trip. Not atomic:
-    # between two reads a task can only move forward (queued → running → result), and
-    # the result is read first, so a torn read shows an earlier state, never a wrong one.
-    pipe.get(keys.result(task_id))
-    pipe.hmget(keys.task(task_id), *_TASK_FIELDS)
-    pipe.hmget(keys.dlq_entry(task_id), *_ENTRY_FIELDS)
-
-
 def read_status(config: Config, task_id: str) -> TaskStatus:
     """Where ``task_id`` stands, read from the store in one round trip (sync)."""
-    pipe = sync_client(config).pipeline(transaction=False)
-    _queue_reads(pipe, KeySpace.of(config), task_id)
-    return _status(task_id, pipe.execute())
+    found = snapshot.read(sync_client(config), KeySpace.of(config), task_id, Reading.STATE)
+    return status_of(found)
 
 
 async def aread_status(config: Config, task_id: str) -> TaskStatus:
     """Async twin of :func:`read_status`."""
-    pipe = async_client(config).pipeline(transaction=False)
-    _queue_reads(pipe, KeySpace.of(config), task_id)
-    return _status(task_id, await pipe.execute())
+    keys = KeySpace.of(config)
+    return status_of(await snapshot.aread(async_client(config), keys, task_id, Reading.STATE))
 
 
-def _status(task_id: str, replies: Sequence[Any]) -> TaskStatus:
-    record, (state, attempt, worker, fence), entry = replies
-    if record is not None:
+def status_of(found: Snapshot) -> TaskStatus:
+    """Where a task stands, as Celery names it, from what the store holds of it. Between
+    two of its keys a task only moves forward (queued, running, an outcome), and the
+    snapshot reads them at one instant."""
+    task_id, fields = found.task_id, found.fields
+    if found.record is not None:
         try:
-            return TaskStatus(task_id, states.SUCCESS, outcome.read(task_id, record))
+            return TaskStatus(task_id, states.SUCCESS, outcome.read(task_id, found.record))
         except TaskCancelled as exc:
             return TaskStatus(task_id, states.REVOKED, exc)
         except TaskFailed as exc:
-            return _failed(exc, entry)
+            return _failed(exc, found.dlq)
+    state, attempt = fields.get("state"), int(fields.get("attempt") or 1)
     if state == "running":
-        started = {"hostname": worker, "attempt": int(attempt or 1), "fence": int(fence or 0)}
+        started = {"hostname": fields.get("worker"), "attempt": attempt,
+                   "fence": int(fields.get("fence") or 0)}  # fmt: skip
         return TaskStatus(task_id, states.STARTED, started)
     if state is not None:
         # queued (or handed off, or leased for a resurrection): waiting for a start.
         # After a failed attempt that is Celery's RETRY; before any, PENDING.
-        return TaskStatus(task_id, states.RETRY if int(attempt or 1) > 1 else states.PENDING)
-    reason, error = entry[0], entry[1]
-    if reason is not None:  # the result expired; the DLQ entry is kept until released
-        return _failed(TaskFailed(task_id, reason, error or None), entry)
+        return TaskStatus(task_id, states.RETRY if attempt > 1 else states.PENDING)
+    if found.dlq.get("reason"):  # the result expired; the DLQ entry is kept until released
+        failed = TaskFailed(task_id, found.dlq["reason"], found.dlq.get("error") or None)
+        return _failed(failed, found.dlq)
     return TaskStatus(task_id, states.PENDING, known=False)
 
 
-def _failed(exc: TaskFailed, entry: Sequence[Any]) -> TaskStatus:
+def _failed(exc: TaskFailed, entry: dict[str, str]) -> TaskStatus:
     """FAILURE, with the traceback and time of the DLQ entry's failure when it has one."""
-    _, _, body, at_ms = entry
+    body, at_ms = entry.get("entry"), entry.get("at_ms")
     trace = json.loads(body).get("traceback") if body else None
     done_ms = int(at_ms) if at_ms else None
     return TaskStatus(exc.task_id, states.FAILURE, exc, traceback=trace, done_ms=done_ms)
