@@ -18,7 +18,7 @@ Celery's contender: the same chains and chords of ``demo.plain_add`` and
 ``demo.plain_sum`` (``acks_late``, ``reject_on_worker_lost``), with Celery's Redis result
 backend on db 1 of the run's Redis. Decision: in the same worker processes. relier's
 transport keeps kombu's full ack emulation for every message that is not relier's
-(core/broker/transport.py) and ``RelierBackend`` hands every record of a plain task,
+(core/broker/redis_channel.py) and ``RelierBackend`` hands every record of a plain task,
 chords included, to its fallback, Celery's own Redis backend: a plain task there is what
 it is on kombu's own transport, and one SIGKILL takes both kinds of work. What Celery
 loses is reported as figures, not invariants.

@@ -23,8 +23,8 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.safestring import mark_safe
 
 from .. import conf, dlq, metrics
-from ..core.observe.figures import Figures, Histogram, Minute
 from ..core.observe.live import Task
+from ..core.observe.measurements import Figures, Histogram, Minute
 from ..core.store import workflows
 from ..readers import scheduled
 from ..readers.render import utc_text

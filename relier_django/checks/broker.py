@@ -14,7 +14,7 @@ from django.apps import AppConfig
 from django.core.checks import CheckMessage, Error, Info, register
 from django.core.checks import Warning as CheckWarning
 
-from ..core.broker.transport import SentinelTransport, Transport
+from ..core.broker.redis_channel import SentinelTransport, Transport
 from ..core.model.config import Config
 from ..core.store.connection import redact, sync_client
 from .common import LOOPBACK, TAG, unverifiable

@@ -22,9 +22,9 @@ from .model.spec import TaskSpec
 from .model.timing import timing
 from .push import producer
 from .push.producer import PushWith
-from .store import bridge
+from .store import event_loop
 from .store.receipt import Receipt
-from .worker import signals
+from .worker import hooks
 from .worker.context import TaskContext
 from .worker.ending import Ended, Ending
 from .worker.runner import Runner
@@ -227,12 +227,12 @@ def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:
         self.relier_spec,
         self.app,
         config.current(),
-        signals.worker_id(self.request.hostname),
+        hooks.worker_id(self.request.hostname),
         queue=(self.request.delivery_info or {}).get("routing_key") or "",
     )
     if len(args) == 1 and not kwargs:
         if self.relier_spec.is_async:
-            ended = _wait(runner, bridge.spawn(runner.run(args[0])))
+            ended = _wait(runner, event_loop.spawn(runner.run(args[0])))
         else:  # in this thread: no hop to the loop and on to another thread
             ended = runner.run_blocking(args[0])
     else:
@@ -243,7 +243,7 @@ def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:
             "send_task()?)"
         )
         raw = repr({"args": args, "kwargs": kwargs})
-        ended = bridge.run(runner.reject_malformed(detail, raw=raw))
+        ended = event_loop.run(runner.reject_malformed(detail, raw=raw))
     if ended.how is Ending.COMMITTED:
         return ended.result
     if ended.how is Ending.RETRIED:
@@ -414,10 +414,10 @@ def rl_task(
             on_soft_timeout=on_soft_timeout, admission_limit=own_rate, schema=schema,
             bind=bind, keep_trail=keep_trail, atomic=alias,
         )  # fmt: skip
-        signals.connect()
+        hooks.connect()
         body = _make_body(func)
         # A def task's limits are Celery's own (prefork): soft raises inside the task,
-        # hard kills the pool process; worker.signals dead-letters it (hard_timeout).
+        # hard kills the pool process; worker.hooks dead-letters it (hard_timeout).
         limits = {} if is_async else {"soft_time_limit": soft_timeout, "time_limit": hard_timeout}
         return shared_task(  # type: ignore[no-any-return]
             name=task_name, bind=True, base=RelierTask, relier_spec=spec, **limits

@@ -29,7 +29,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 
 from ..core.model.errors import TaskLost
-from ..core.worker import units
+from ..core.worker import atomic
 from ..core.worker.context import TaskContext
 from ..models import InboxEntry
 
@@ -167,4 +167,4 @@ def run_atomic(alias: str, ctx: TaskContext, body: Callable[[], Any]) -> Any:
 
 def install() -> None:
     """Called from ``AppConfig.ready()``: ``@rl_task(atomic=...)`` bodies run here."""
-    units.install(run_atomic)
+    atomic.install(run_atomic)

@@ -28,8 +28,8 @@ from prometheus_client.registry import Collector
 
 from .. import conf
 from ..core.broker.depth import queue_depth
-from ..core.observe import figures, live
-from ..core.observe.figures import Figures, Histogram
+from ..core.observe import live, measurements
+from ..core.observe.measurements import Figures, Histogram
 from ..core.store.connection import sync_client
 
 logger = logging.getLogger("relier_django.metrics")
@@ -52,7 +52,7 @@ def read(task_limit: int = live.TASK_LIST_LIMIT) -> Figures:
     """Every figure, from relier's Redis and (the recovery queue's depth) the broker."""
     cfg = conf.get_config()
     app = current_app._get_current_object()
-    return figures.read(
+    return measurements.read(
         sync_client(cfg),
         cfg,
         broker_depth=lambda: queue_depth(app, cfg.recovery_queue),

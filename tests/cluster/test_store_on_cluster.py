@@ -26,7 +26,7 @@ from relier_django.core.dlq.store import DeadLetterStore
 from relier_django.core.model.config import current
 from relier_django.core.model.idem_key import derive_key
 from relier_django.core.model.rates import Rate
-from relier_django.core.observe import figures
+from relier_django.core.observe import measurements
 from relier_django.core.push import admission
 from relier_django.core.store.connection import close_loop_clients, sync_client
 from relier_django.core.store.keys import KeySpace, partition_tags
@@ -169,7 +169,7 @@ def test_metrics_add_up_over_every_partition(
         receipt.get(timeout=30)
     with pytest.raises(TaskFailed):
         tasks.explode.push("m-dead").get(timeout=30)
-    f = figures.read(sync_client(current()), current())
+    f = measurements.read(sync_client(current()), current())
     assert f.counters["pushed"] == 13
     assert f.counters["committed"] == 12
     assert f.dlq_entries == 1

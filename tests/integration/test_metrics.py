@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from relier_django import conf, metrics
 from relier_django.core.model import config
-from relier_django.core.observe import figures
+from relier_django.core.observe import measurements
 from relier_django.core.push import idempotency, producer
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
@@ -63,7 +63,7 @@ def test_the_lua_and_python_histogram_bounds_agree():
     lua = resources.files("relier_django.core.store").joinpath("lua", "_metrics.lua").read_text()
     found = re.search(r"METRIC_BOUNDS_MS = \{([^}]*)\}", lua)
     assert found
-    assert tuple(int(b) for b in found[1].replace("\n", " ").split(",")) == figures.BOUNDS_MS
+    assert tuple(int(b) for b in found[1].replace("\n", " ").split(",")) == measurements.BOUNDS_MS
 
 
 def test_a_known_workload_reads_back_exactly(fast_worker_factory, redis_client, settings):
@@ -165,7 +165,7 @@ def test_a_killed_worker_s_recovery_is_measured_within_the_bounds_seen(
         <= observed.sum_s * 1000
         <= (restarted_ms - killed_ms + interval_ms + 50)
     )
-    detection, redispatch, restart = (found.phases[p] for p in figures.PHASES)
+    detection, redispatch, restart = (found.phases[p] for p in measurements.PHASES)
     assert detection.sum_s + redispatch.sum_s + restart.sum_s == pytest.approx(
         observed.sum_s, abs=0.003
     )

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import redis
 
-from relier_django.core.broker import publish, transport
+from relier_django.core.broker import publish, redis_channel
 from relier_django.core.broker.marker import MARKER_HEADER
 from relier_django.core.dlq import dead_letter as dlq
 from relier_django.core.dlq import release
@@ -371,7 +371,7 @@ def presence(cfg: config.Config, client: redis.Redis) -> Any:
 
 def _taken_by(cfg: config.Config, taker: Any) -> Any:
     # One attempt, as kombu's consuming connection makes (it never resends a command).
-    bells = [transport.bell_of("celery")]
+    bells = [redis_channel.bell_of("celery")]
     kombus = sync_client(cfg, fail_fast=True)
     try:
         reply = kombus.execute_command(*taker.command(["celery"], bells))
@@ -398,7 +398,7 @@ def take_inflight(cfg: config.Config, client: redis.Redis) -> Any:
 
 
 def restore_inflight(cfg: config.Config, client: redis.Redis) -> Any:
-    record = transport.inflight_of("w1@host:1")
+    record = redis_channel.inflight_of("w1@host:1")
     client.hset(record, mapping={"#": 2, "1": "6:celery" + "first", "2": "6:celery" + "second"})
     call = scripts.ScriptCall(scripts.RESTORE_INFLIGHT, [record], [scripts.REPLAY_WINDOW_MS], int)
     return call.run(client)

@@ -17,7 +17,7 @@ import pytest
 import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from relier_django.core.broker import transport
+from relier_django.core.broker import redis_channel
 from relier_django.core.broker.marker import MARKER_HEADER
 from relier_django.core.model import config
 from relier_django.core.push import idempotency, producer
@@ -55,7 +55,7 @@ def taking(redis_client) -> Iterator[None]:
     try:
         yield
     finally:
-        transport.use_taker(None)
+        redis_channel.use_taker(None)
 
 
 def _stored(label: str, queue: str = "tq") -> str:
@@ -79,7 +79,7 @@ def _take(client, lists: list[str], worker: str = WORKER):  # type: ignore[no-un
 
 
 def _take_with(client, taker, lists: list[str]):  # type: ignore[no-untyped-def]
-    bells = [transport.bell_of(name) for name in lists]
+    bells = [redis_channel.bell_of(name) for name in lists]
     try:
         reply = client.execute_command(*taker.command(lists, bells))
     except redis.exceptions.NoScriptError as exc:  # as the channel does: EVAL once
@@ -117,10 +117,10 @@ def test_take_asks_the_lists_in_order_and_rings_again_while_messages_wait(connec
     store.lpush("low", "a", "b")
     store.lpush("high", "c")
     assert _take(store, ["high", "low"]) == ("high", "c")
-    assert store.exists(transport.bell_of("high")) == 0  # nothing left there
+    assert store.exists(redis_channel.bell_of("high")) == 0  # nothing left there
     assert _take(store, ["high", "low"]) == ("low", "a")
     # "b" still waits: the doorbell is rung for another waiting worker.
-    assert store.zrange(transport.bell_of("low"), 0, -1) == [transport.RING[0]]
+    assert store.zrange(redis_channel.bell_of("low"), 0, -1) == [redis_channel.RING[0]]
 
 
 def test_of_many_takers_at_once_each_message_is_taken_once_and_marked_by_its_taker(
@@ -172,11 +172,11 @@ def test_every_way_a_message_is_queued_rings_its_doorbell(connection, store):
     publish through this transport, push.lua (the store's own Redis), commit.lua's
     successor (tests/integration/test_chain.py runs it with real workers)."""
     _publish(connection, "plain-2", fence=None)
-    assert store.zcard(transport.bell_of("tq")) == 1
-    store.delete(transport.bell_of("celery"))
+    assert store.zcard(redis_channel.bell_of("tq")) == 1
+    store.delete(redis_channel.bell_of("celery"))
     receipt = tasks.record.push("rung")
     assert store.llen("celery") == 1, "push.lua queued the message itself"
-    assert store.zcard(transport.bell_of("celery")) == 1
+    assert store.zcard(redis_channel.bell_of("celery")) == 1
     assert receipt.task_id
 
 
@@ -199,7 +199,7 @@ def test_a_take_apart_from_the_store_keeps_a_relier_message_until_the_next_take(
     sends task_received while it delivers, before the channel takes again); a message
     that is not relier's keeps kombu's handling and no copy."""
     taker = intake.InflightIntake(WORKER)
-    record = transport.inflight_of(WORKER)
+    record = redis_channel.inflight_of(WORKER)
     _publish(connection, "kept-1", fence=1)
     _publish(connection, "plain-3", fence=None)
     first = _take_with(store, taker, ["tq"])
@@ -232,10 +232,10 @@ def test_a_worker_that_shuts_down_drops_its_in_flight_record(connection, store):
     taker = intake.InflightIntake(WORKER)
     _publish(connection, "kept-e", fence=1)
     assert _take_with(store, taker, ["tq"]) is not None
-    assert store.exists(transport.inflight_of(WORKER)) == 1
+    assert store.exists(redis_channel.inflight_of(WORKER)) == 1
     with connection.channel().conn_or_acquire() as client:
         taker.release(client)
-    assert store.exists(transport.inflight_of(WORKER)) == 0
+    assert store.exists(redis_channel.inflight_of(WORKER)) == 0
 
 
 def test_of_many_takers_apart_from_the_store_each_message_is_taken_and_kept_once(connection, store):
@@ -261,7 +261,7 @@ def test_of_many_takers_apart_from_the_store_each_message_is_taken_and_kept_once
         f"race-kept-{i}" for i in range(60)
     )
     for worker, ids in got.items():
-        kept = store.hgetall(transport.inflight_of(worker))
+        kept = store.hgetall(redis_channel.inflight_of(worker))
         assert int(kept.get("#", 0)) == len(ids)  # a copy kept per message it took
         assert set(kept) <= {"#"}  # each dropped by the take after it
 

@@ -13,7 +13,7 @@ from relier_django.core.push import idempotency, producer
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from relier_django.core.worker import fencing
-from relier_django.core.worker.signals import _on_task_failure
+from relier_django.core.worker.hooks import _on_task_failure
 from testproject.demo import tasks
 
 KEYS = KeySpace("rl")

@@ -137,14 +137,14 @@ def test_a_worker_refuses_to_start_with_one_line_naming_every_bad_setting(monkey
     # G6: the core cannot name Django's ImproperlyConfigured; whatever the provider
     # raises becomes SystemExit (Celery swallows an Exception from worker_init).
     from relier_django.core.model import config
-    from relier_django.core.worker import signals
+    from relier_django.core.worker import hooks
 
     def provider() -> Config:
         raise conf.SettingsError(["RELIER_A must be an int, got 'x'", "unknown key 'B'"])
 
     monkeypatch.setattr(config, "_provider", provider)
     with pytest.raises(SystemExit) as raised:
-        signals._on_worker_init()
+        hooks._on_worker_init()
     line = str(raised.value.code)
     assert "RELIER_A must be an int, got 'x'; unknown key 'B'" in line
     assert "refuses to start" in line and "\n" not in line

@@ -14,7 +14,7 @@ CHANGELOG.md (a page of the site too):
    block: ``relier_django.core`` followed by ``.``, ``:`` or the end of the name. That
    covers an import (``from relier_django.core.extras.lock import lock``, ``import
    relier_django.core``), a dotted path (``relier_django.core.model.errors.TaskFailed``)
-   and an entry point (``relier_django.core.broker.transport:Transport``). A relative
+   and an entry point (``relier_django.core.broker.redis_channel:Transport``). A relative
    import into it (``from .core import ...``) in a code block is refused too.
 2. Outside the design pages (``DESIGN_PAGES``: the architecture, the guarantees map, the
    chaos suite and the test suite, which describe the package's internals), no
@@ -22,7 +22,7 @@ CHANGELOG.md (a page of the site too):
    ``core.<name>`` not preceded by a dot or a word character (``django.core.cache`` is
    not one), e.g. ``core.observe.task.read_task``.
 3. A file path is allowed on any page: ``relier_django/core/store/keys.py`` or
-   ``core/worker/front.py``, with slashes, names a file to read (and a traceback shows
+   ``core/worker/pool_order.py``, with slashes, names a file to read (and a traceback shows
    one), not a module to import.
 
 And every ``from relier_django... import ...`` / ``import relier_django...`` that a page
@@ -168,7 +168,7 @@ def _has(module: object, name: str) -> bool:
         "from relier_django.core.extras.lock import lock",
         "import relier_django.core",
         "the errors are in `relier_django.core.model.errors`.",
-        'CELERY_BROKER_TRANSPORT = "relier_django.core.broker.transport:Transport"',
+        'CELERY_BROKER_TRANSPORT = "relier_django.core.broker.redis_channel:Transport"',
         "```python\nfrom .core.model import events\n```",
         "which calls `core.observe.task.read_task`",
     ],
@@ -183,7 +183,7 @@ def test_the_rule_catches_an_import_path_or_dotted_name_into_the_core(line):
         "from relier_django import lock",
         "from relier_django.testing import capture_pushes",
         "in one place (`relier_django/core/store/connection.py`)",
-        "(`core/worker/front.py`), so it starts",
+        "(`core/worker/pool_order.py`), so it starts",
         'File "/srv/app/relier_django/core/worker/runner.py", line 99',
         "`django.core.cache.backends.redis.RedisCache`",
         "relier_django.coreless is not the core",

@@ -11,7 +11,7 @@ import pytest
 
 from relier_django.admin.charts import hh_mm, svg_bars, svg_lines
 from relier_django.admin.overview import charts, duration
-from relier_django.core.observe.figures import Minute
+from relier_django.core.observe.measurements import Minute
 
 SVG = "{http://www.w3.org/2000/svg}"
 

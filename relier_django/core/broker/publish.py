@@ -14,7 +14,7 @@ from kombu.entity import Queue
 from kombu.transport import redis as kombu_redis
 
 from ..model.envelope import Envelope
-from . import transport
+from . import redis_channel
 from .marker import MARKER_HEADER
 
 _lock = threading.Lock()
@@ -115,7 +115,7 @@ class Queued:
 
     @property
     def bell(self) -> str:
-        return transport.bell_of(self.queue_list)
+        return redis_channel.bell_of(self.queue_list)
 
     @property
     def keys(self) -> tuple[str, str]:
@@ -162,7 +162,7 @@ def message_for_store(app: Any, env: Envelope, encoded: str, store: Any) -> Queu
     if len(pushes) != 1 or len(pushes) + len(rings) != len(capture.commands):
         return None  # e.g. an expiring queue (PEXPIRE too) or a fanout route
     queue_list, payload = pushes[0]
-    if any(args[0] != transport.bell_of(str(queue_list)) for args in rings):
+    if any(args[0] != redis_channel.bell_of(str(queue_list)) for args in rings):
         return None
     # kombu's global_keyprefix is applied by its client when it runs the command.
     return Queued(capture.channel_prefix + str(queue_list), str(payload))
@@ -198,7 +198,7 @@ def _same_address(connection: Any, store: Any) -> bool:
     """A first check, from the broker URL alone (no connection is made): kombu's plain
     Redis transport at the store's host, port, database and user."""
     # Sentinel and others: elsewhere. Subclasses may publish differently; these two do not.
-    if type(connection.transport) not in (kombu_redis.Transport, transport.Transport):
+    if type(connection.transport) not in (kombu_redis.Transport, redis_channel.Transport):
         return False
     pool = getattr(store, "connection_pool", None)
     if pool is None:  # a Redis Cluster client: kombu cannot use a cluster as a broker
@@ -219,7 +219,7 @@ def _same_address(connection: Any, store: Any) -> bool:
 def colocated(channel: Any, store: Any) -> bool:
     """The exact check, on a channel kombu publishes or consumes through: its
     connection parameters are the store's (``store``: the store's redis client)."""
-    if type(channel) not in (kombu_redis.Channel, transport.Channel):
+    if type(channel) not in (kombu_redis.Channel, redis_channel.Channel):
         return False
     pool = getattr(store, "connection_pool", None)
     if pool is None:  # a Redis Cluster client (see _same_address)

@@ -41,7 +41,7 @@ from ..model.config import Config
 from ..model.envelope import Envelope
 from ..model.failure import Failure, Reason
 from ..model.spec import TaskSpec
-from ..store import bridge
+from ..store import event_loop
 from ..store.receipt import Dispatch, DispatchState, NotDispatched, Receipt
 
 logger = logging.getLogger("relier_django.eager")
@@ -174,7 +174,7 @@ class EagerReceipt(Receipt):
         ``TaskFailed`` for a failed task (nothing is in any dead-letter queue),
         ``NotDispatched`` while pending, ``TimeoutError`` while a duplicate's first
         push is still running elsewhere in this process."""
-        if bridge.in_running_loop():
+        if event_loop.in_running_loop():
             raise RuntimeError(
                 "receipt.get() would block the running event loop; use await receipt.aget()"
             )

@@ -34,7 +34,7 @@ from ..model.errors import AdmissionRejected, DuplicateTaskId, PushFailed
 from ..model.idem_key import derive_key
 from ..model.spec import TaskSpec
 from ..model.timing import NOW, Timing
-from ..store import bridge, chords, layout, workflows
+from ..store import chords, event_loop, layout, workflows
 from ..store.connection import async_client, sync_client, target
 from ..store.keys import KeySpace
 from ..store.receipt import Receipt
@@ -387,7 +387,7 @@ def push(
     ``group_id``: the Celery group this push is a member of; ``chord``: its place in a
     chord's header (the commit that completes the header creates the callback);
     ``position``: its place in the group (for the workflow's record)."""
-    if bridge.in_running_loop():
+    if event_loop.in_running_loop():
         raise RuntimeError(
             f"{spec.name}.push() was called inside a running event loop, where it would "
             f"block; use `await {spec.name.rsplit('.', 1)[-1]}.apush(...)` instead"

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from ..broker import transport
+from ..broker import redis_channel
 from ..store import scripts
 from ..store.connection import on_pool
 
@@ -46,7 +46,7 @@ def restore(app: Any, workers: Iterable[str]) -> int:
         put = 0
         for worker in names:
             call = scripts.ScriptCall(
-                scripts.RESTORE_INFLIGHT, [prefix + transport.inflight_of(worker)],
+                scripts.RESTORE_INFLIGHT, [prefix + redis_channel.inflight_of(worker)],
                 [scripts.REPLAY_WINDOW_MS], int,
             )  # fmt: skip
             put += call.run(client)

@@ -25,7 +25,7 @@ from ..model import config as config_mod
 from ..model import outcome
 from ..model.config import Config
 from ..model.errors import RelierError, TaskCancelled, TaskFailed
-from . import bridge, snapshot
+from . import event_loop, snapshot
 from .cancel import Cancelled, acancel, cancel
 from .connection import async_client, sync_client
 from .keys import KeySpace
@@ -145,7 +145,7 @@ class Receipt:
         Raises:
             RuntimeError: read inside a running event loop; use ``await receipt.astatus()``.
         """
-        if bridge.in_running_loop():
+        if event_loop.in_running_loop():
             raise RuntimeError(
                 "receipt.status would block the running event loop; use await receipt.astatus()"
             )
@@ -247,7 +247,7 @@ class Receipt:
             NotDispatched: the push is pending or its post-commit send failed.
             RuntimeError: called inside a running event loop; use ``await receipt.aget()``.
         """
-        if bridge.in_running_loop():
+        if event_loop.in_running_loop():
             raise RuntimeError(
                 "receipt.get() would block the running event loop; use await receipt.aget()"
             )

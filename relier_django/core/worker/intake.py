@@ -11,7 +11,7 @@ was running (``recovery/deaths.py``), about a second after its death.
 
 The worker's own books (``reservations.py``) then need no round trip of their own for
 a message taken this way: its registration happened in the take. What is left to
-kombu: the wait itself, on the queues' doorbells (``broker/transport.py``), and every
+kombu: the wait itself, on the queues' doorbells (``broker/redis_channel.py``), and every
 message that is not relier's, which keeps kombu's own handling.
 
 That applies when the broker is kombu's Redis transport on the store's own server and
@@ -19,7 +19,7 @@ database (``publish.colocated``) and the store is not partitioned (the script na
 task's hash from the message). On any other Redis broker (another server or database,
 Sentinel) or with a partitioned store, the worker takes with ``take_inflight.lua``
 (:class:`InflightIntake`): it keeps a copy of each relier message it takes in its
-in-flight record on the broker (``transport.inflight_of``) until it has registered the
+in-flight record on the broker (``redis_channel.inflight_of``) until it has registered the
 message (``reservations.py``, one round trip as before), and drops those copies in its
 next take; the scanner that finds it dead puts its copies back in their queues
 (``recovery/inflight.py``). RabbitMQ needs neither: it gives a dead consumer's
@@ -34,7 +34,7 @@ from typing import Any
 
 import redis
 
-from ..broker import publish, transport
+from ..broker import publish, redis_channel
 from ..broker.marker import MARKER_HEADER
 from ..model.config import Config
 from ..store import liveness, scripts
@@ -115,7 +115,7 @@ class InflightIntake(_Taking):
 
     def __init__(self, worker: str, prefix: str = "") -> None:
         super().__init__()
-        self.name = transport.inflight_of(worker)
+        self.name = redis_channel.inflight_of(worker)
         self.record = prefix + self.name  # sent as is: kombu's prefixing is not applied
         self._kept: list[int] = []  # copies of messages delivered since the last take
 
@@ -160,4 +160,4 @@ def install(config: Config, worker: str) -> None:
         )  # fmt: skip
         return InflightIntake(worker, str(getattr(channel, "global_keyprefix", "") or ""))
 
-    transport.use_taker(factory)
+    redis_channel.use_taker(factory)

@@ -39,11 +39,11 @@ from ..model.failure import Failure, Reason
 from ..model.schema import Call, SchemaMismatch
 from ..model.spec import TaskSpec
 from ..model.transition import Transition
-from ..store import bridge, checkpoint, chords, liveness
+from ..store import checkpoint, chords, event_loop, liveness
 from ..store.connection import async_client, sync_client
 from ..store.keys import KeySpace
 from ..store.scripts import ScriptCall
-from . import fencing, heartbeat, timeouts, units
+from . import atomic, fencing, heartbeat, timeouts
 from .context import TaskContext
 from .ending import Ended, Ending
 from .fencing import StartResult
@@ -129,7 +129,7 @@ class Runner:
         spec, env = self.spec, self._decode(raw)
         if isinstance(env, Envelope) and spec and not spec.is_async and env.task == spec.name:
             return self._blocking_incarnation(spec, env)
-        return bridge.run(self._route(raw, env))
+        return event_loop.run(self._route(raw, env))
 
     def _decode(self, raw: object) -> Envelope | EnvelopeError:
         try:
@@ -159,10 +159,10 @@ class Runner:
         started = self._start_call(env).run(sync_client(self.config))
         if not started.started:
             if started.refusal == "expired":
-                return bridge.run(self._expired(env))
+                return event_loop.run(self._expired(env))
             return self._refused(env, started)
-        ctx = self._context(env, bridge.loop(), started)
-        beats = heartbeat.for_loop(bridge.loop(), self.config)
+        ctx = self._context(env, event_loop.loop(), started)
+        beats = heartbeat.for_loop(event_loop.loop(), self.config)
         beats.add(env.id, env.fence, ctx.mark_lost)
         result: Any = None
         error: BaseException | None = None
@@ -172,7 +172,7 @@ class Runner:
                 ctx._partial = checkpoint.load(started.checkpoint)
             args = (ctx, *call.args) if spec.wants_context else call.args
             with tracing.run_span(env):
-                result = units.body(spec.atomic, ctx, spec.fn)(*args, **call.kwargs)
+                result = atomic.body(spec.atomic, ctx, spec.fn)(*args, **call.kwargs)
         except (Exception, TaskLost) as exc:
             error = exc
         finally:
@@ -192,12 +192,12 @@ class Runner:
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 checkpoint.remove_files(self.config.checkpoint_dir, env.id)
             if done.accepted and done.value == 1 and message is None:
-                bridge.run(self._publish_successor(action))
+                event_loop.run(self._publish_successor(action))
             self._after_commit(env, done, client)
             return self._commit_ended(env, done, result)
         if action is None:
             return _superseded(env)
-        return bridge.run(self._act(spec, env, action, result, _own(action, error)))
+        return event_loop.run(self._act(spec, env, action, result, _own(action, error)))
 
     def _start_call(self, env: Envelope) -> ScriptCall[StartResult]:
         ttl_ms = int(self.config.heartbeat_ttl_s * 1000)
@@ -289,7 +289,7 @@ class Runner:
                 self._interrupted = error
                 self._work.cancel()
 
-        bridge.loop().call_soon_threadsafe(stop)
+        event_loop.loop().call_soon_threadsafe(stop)
 
     def _outcome(
         self, spec: TaskSpec, env: Envelope, ctx: TaskContext, result: Any,
@@ -427,7 +427,7 @@ class Runner:
         with tracing.run_span(env):  # copied into to_thread's context too
             if spec.is_async:
                 return await spec.fn(*args, **call.kwargs)
-            fn = units.body(spec.atomic, ctx, spec.fn)
+            fn = atomic.body(spec.atomic, ctx, spec.fn)
             return await asyncio.to_thread(fn, *args, **call.kwargs)
 
     async def _arguments(self, spec: TaskSpec, env: Envelope) -> Call:

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from redis.exceptions import RedisError
 
 from relier_django import conf, metrics
-from relier_django.core.observe.figures import Figures, Histogram
+from relier_django.core.observe.measurements import Figures, Histogram
 from relier_django.readers import scheduled
 from relier_django.readers.render import utc_text
 

@@ -1,4 +1,4 @@
-"""worker/front.py: a message from the recovery queue joins the head of the worker's
+"""worker/pool_order.py: a message from the recovery queue joins the head of the worker's
 wait for a free pool process; the others keep their order. The real thing (a prefork
 worker with a prefetched backlog) is tests/chaos/test_process_death.py."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from kombu.asynchronous.semaphore import LaxBoundedSemaphore
 
-from relier_django.core.worker import front
+from relier_django.core.worker import pool_order
 
 pytestmark = pytest.mark.unit
 
@@ -23,8 +23,8 @@ def _request(task_id: str, queue: str = "celery") -> SimpleNamespace:
 def test_a_recovered_message_waits_at_the_head_and_the_rest_keep_their_order():
     ran: list[str] = []
     controller = SimpleNamespace(semaphore=LaxBoundedSemaphore(1))
-    assert front.install(controller, RECOVERY)
-    assert front.install(controller, RECOVERY)  # idempotent: wrapped once
+    assert pool_order.install(controller, RECOVERY)
+    assert pool_order.install(controller, RECOVERY)  # idempotent: wrapped once
 
     def process(request: SimpleNamespace) -> None:
         ran.append(request.id)
@@ -38,20 +38,20 @@ def test_a_recovered_message_waits_at_the_head_and_the_rest_keep_their_order():
 
 
 def test_a_worker_without_the_wait_is_left_alone():
-    assert not front.install(SimpleNamespace(semaphore=None), RECOVERY)
-    assert not front.install(None, RECOVERY)
+    assert not pool_order.install(SimpleNamespace(semaphore=None), RECOVERY)
+    assert not pool_order.install(None, RECOVERY)
 
 
 def test_the_recovery_queue_is_told_by_the_routing_key():
-    assert front.from_recovery(_request("r", RECOVERY), RECOVERY)
-    assert not front.from_recovery(SimpleNamespace(delivery_info={}), RECOVERY)
-    assert not front.from_recovery(SimpleNamespace(), RECOVERY)
+    assert pool_order.from_recovery(_request("r", RECOVERY), RECOVERY)
+    assert not pool_order.from_recovery(SimpleNamespace(delivery_info={}), RECOVERY)
+    assert not pool_order.from_recovery(SimpleNamespace(), RECOVERY)
 
 
 def test_recovered_messages_keep_their_order_among_themselves_at_the_head():
     ran: list[str] = []
     controller = SimpleNamespace(semaphore=LaxBoundedSemaphore(1))
-    front.install(controller, RECOVERY)
+    pool_order.install(controller, RECOVERY)
 
     def process(request: SimpleNamespace) -> None:
         ran.append(request.id)

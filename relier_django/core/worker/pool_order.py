@@ -1,6 +1,6 @@
 """A resurrected task runs next on the worker that takes it, ahead of its prefetch.
 
-The transport asks the recovery queue first (``broker/transport.py``), so a
+The transport asks the recovery queue first (``broker/redis_channel.py``), so a
 resurrected task is the next message a worker takes. But a prefork worker keeps the
 messages it prefetched waiting, in the order received, for one of its pool processes
 to be free (the main process's semaphore, one slot per process): a resurrected task

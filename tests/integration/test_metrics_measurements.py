@@ -29,8 +29,8 @@ from relier_django.core.dlq.release import release
 from relier_django.core.model import config, outcome
 from relier_django.core.model.envelope import Envelope, decode
 from relier_django.core.model.spec import TaskSpec
-from relier_django.core.observe import figures
-from relier_django.core.observe.figures import Figures, Minute
+from relier_django.core.observe import measurements
+from relier_django.core.observe.measurements import Figures, Minute
 from relier_django.core.push import idempotency, producer
 from relier_django.core.recovery.resurrector import Resurrector
 from relier_django.core.store.cancel import Cancelled
@@ -44,7 +44,7 @@ from testproject.demo import tasks
 from testproject.harness import wait_until
 
 KEYS = KeySpace("rl")
-NONE = dict.fromkeys(figures.COUNTERS, 0)
+NONE = dict.fromkeys(measurements.COUNTERS, 0)
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -240,8 +240,8 @@ def test_drain_and_unsent_resurrections_and_their_recovery_are_measured_exactly(
     assert _ms(drain.sum_s) == started_ms[drained.id] - handed_ms
     assert _ms(lost.sum_s) == started_ms[unsent.id] - created_ms
     assert lost.sum_s >= 0.3  # at least the grace
-    assert [found.phases[p].count for p in figures.PHASES] == [2, 2, 2]
-    phases_ms = sum(_ms(found.phases[p].sum_s) for p in figures.PHASES)
+    assert [found.phases[p].count for p in measurements.PHASES] == [2, 2, 2]
+    phases_ms = sum(_ms(found.phases[p].sum_s) for p in measurements.PHASES)
     assert phases_ms == _ms(drain.sum_s) + _ms(lost.sum_s)
     assert sum(m.recoveries for m in found.minutes) == 2
     assert max(m.recovery_max_s for m in found.minutes) == max(drain.sum_s, lost.sum_s)

@@ -40,10 +40,10 @@ from ..model import config, links
 from ..model.envelope import decode
 from ..model.errors import EnvelopeError
 from ..recovery.scanner import Scanner
-from ..store import bridge, layout, liveness
+from ..store import event_loop, layout, liveness
 from ..store.connection import describe, sync_client
 from ..store.keys import KeySpace
-from . import fencing, front, intake, timeouts
+from . import fencing, intake, pool_order, timeouts
 from .reservations import Reservations, fence_of, waiting_request_ids
 from .runner import Runner
 
@@ -139,7 +139,7 @@ def _on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     global _scanner, _reservations
     cfg = config.current()
-    if not front.install(getattr(sender, "controller", None), cfg.recovery_queue):
+    if not pool_order.install(getattr(sender, "controller", None), cfg.recovery_queue):
         logger.info("resurrected tasks wait in line here: this pool keeps no prefetch wait")
     if _reservations is None:  # from now on, this worker shows in the live view
         _reservations = Reservations(
@@ -332,7 +332,7 @@ def _on_task_unknown(sender: Any = None, message: Any = None, name: str = "", **
     hostname = getattr(sender, "hostname", None)
     runner = Runner(None, getattr(sender, "app", None), config.current(), worker_id(hostname))
     try:
-        bridge.run(runner.run(args[0], expected_task=name), timeout_s=30)
+        event_loop.run(runner.run(args[0], expected_task=name), timeout_s=30)
     except Exception:
         logger.error(
             "could not dead-letter unknown task %s; body: %r", name, args[0], exc_info=True
