@@ -35,7 +35,7 @@ print(
     json.dumps(
         {
             "task_id": receipt.task_id,
-            "state": str(receipt.state),
+            "state": str(receipt.dispatch_state),
             "commit_s": time.monotonic() - started,
         }
     ),

@@ -145,19 +145,19 @@ class Case:
         self.follow_receipt(receipt, "its twin", own=False)
 
     def follow_receipt(self, receipt: Receipt, role: str, own: bool = True) -> None:
-        if receipt.state in (DispatchState.PENDING, DispatchState.FAILED):
-            self.problem(f"the push of {role} was not dispatched: {receipt.state}")
-        if receipt.state is DispatchState.OUTBOX and self.cell.idempotency.idempotent:
+        if receipt.dispatch_state in (DispatchState.PENDING, DispatchState.FAILED):
+            self.problem(f"the push of {role} was not dispatched: {receipt.dispatch_state}")
+        if receipt.dispatch_state is DispatchState.OUTBOX and self.cell.idempotency.idempotent:
             # Its outbox row holds it; the relay may find it a duplicate, which the
             # receipt cannot learn (docs/transactions.md): resolved from the store.
             self.unresolved[receipt.task_id] = role
-            self.touch(f"pushed {role} ({receipt.state})")
+            self.touch(f"pushed {role} ({receipt.dispatch_state})")
             return
         end = receipt.duplicate_of or receipt.task_id
         if receipt.deduplicated:
             self.note(f"the push of {role} was answered duplicate of {self.role_of(end)}")
         self.follow(end, role, own=own, atomic=self.atomic)
-        self.touch(f"pushed {role} ({receipt.state})")
+        self.touch(f"pushed {role} ({receipt.dispatch_state})")
 
     def follow(
         self, task_id: str, role: str, own: bool = False, behind: bool = False, atomic: bool = False

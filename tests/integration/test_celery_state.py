@@ -255,3 +255,19 @@ def test_receipts_answer_to_celerys_names_and_result_reads_any_task_id(worker, r
     with pytest.raises(DuplicateTaskId, match=r"relier_django\.result\(task_id\)\.get\(\)"):
         tasks.sync_record.apply_async(("by-id",), task_id=receipt.task_id)
     assert relier_django.result("never-pushed").status == "PENDING"
+
+
+def test_a_receipts_state_and_failed_mean_what_celerys_do(worker, redis_client):
+    """``state`` is Celery's (the task's), ``failed()`` a method, as on ``AsyncResult``;
+    the push's own stage is ``dispatch_state`` and ``send_failed`` (issue 36)."""
+    done = tasks.sync_record.push("celery-names")
+    done.get(timeout=30)
+    assert (done.state, done.successful(), done.failed(), done.ready()) == (
+        "SUCCESS", True, False, True,
+    )  # fmt: skip
+    assert done.dispatch_state == "dispatched" and not done.send_failed
+    broken = tasks.explode.push("celery-names-broken")
+    wait_until(lambda: broken.ready(), 30, what="the broken task in the DLQ")
+    assert (broken.state, broken.failed(), broken.successful()) == ("FAILURE", True, False)
+    waiting = tasks.sync_record.push_with(countdown=60).push("celery-names-later")
+    assert (waiting.state, waiting.ready(), waiting.failed()) == ("PENDING", False, False)

@@ -72,7 +72,7 @@ def logged_envelope(caplog, task_id: str) -> str:
 def test_a_push_inside_atomic_is_sent_at_commit_and_runs_exactly_once(alias, worker, redis_client):
     with transaction.atomic(using=alias):
         receipt = pusher(tasks.record, alias)(f"commit-{alias}")
-        assert receipt.pending and receipt.state == DispatchState.PENDING
+        assert receipt.pending and receipt.dispatch_state == DispatchState.PENDING
         assert len(receipt.task_id) == 32  # known now, e.g. to store it in the same transaction
         time.sleep(0.5)  # a live worker would run it now if it had been sent
         assert traces(redis_client, receipt.task_id) == []
@@ -115,7 +115,7 @@ def test_a_rolled_back_savepoint_drops_its_pushes_and_the_commit_sends_the_rest(
             dropped = push(f"sp-dropped-{alias}")
             raise Rollback
         after = push(f"sp-after-{alias}")
-    assert [r.state for r in (kept, inner, dropped, after)] == [
+    assert [r.dispatch_state for r in (kept, inner, dropped, after)] == [
         "dispatched",
         "dispatched",
         "pending",
@@ -227,7 +227,7 @@ def order_view(request: HttpRequest, alias: str, label: str, outcome: str) -> Js
     VIEW_RECEIPTS[label] = receipt
     if outcome == "fail":
         raise ViewFailed("the view failed after pushing")
-    return JsonResponse({"task_id": receipt.task_id, "state": receipt.state})
+    return JsonResponse({"task_id": receipt.task_id, "state": receipt.dispatch_state})
 
 
 urlpatterns = [path("order/<str:alias>/<str:label>/<str:outcome>/", order_view)]
@@ -315,7 +315,7 @@ def test_a_refusal_longer_than_the_budget_is_logged_with_its_envelope(redis_clie
     with transaction.atomic():
         receipt = tasks.limited.push("lim-late")
     assert time.monotonic() - started < 1  # Retry-After ~60 s > budget: no pointless wait
-    assert receipt.failed and "AdmissionRejected" in receipt.error
+    assert receipt.send_failed and "AdmissionRejected" in receipt.error
     envelope = logged_envelope(relier_log, receipt.task_id)
     assert decode(envelope).args == ("lim-late",)
     assert traces(redis_client, receipt.task_id) == [] and redis_client.llen("celery") == 3
@@ -338,7 +338,7 @@ def test_a_broker_down_at_commit_is_retried_then_logged_and_the_envelope_replays
         elapsed = time.monotonic() - started
     # Gives up when the next pause would end past the budget: within a second of it.
     assert aftercommit.SEND_BUDGET_S - 1 <= elapsed < aftercommit.SEND_BUDGET_S + 5
-    assert receipt.failed and receipt.error
+    assert receipt.send_failed and receipt.error
     assert relier_log.text.count("push after commit failed, retrying") >= 3
     envelope = logged_envelope(relier_log, receipt.task_id)
     # Each failed send was undone: no stored copy, no claim, nothing for the resurrector,
@@ -380,7 +380,7 @@ def test_redis_down_past_the_budget_logs_the_envelope_and_it_replays(tmp_path, r
                 receipt = tasks.record.push("redis-down")
                 server.kill()
             # Raised by the publish that builds the message, or by push.lua: refused either way.
-            assert receipt.failed and "Connection refused" in receipt.error
+            assert receipt.send_failed and "Connection refused" in receipt.error
             envelope = logged_envelope(relier_log, receipt.task_id)
             server.start()
             assert server.client().dbsize() == 0  # nothing was stored: replay is the way

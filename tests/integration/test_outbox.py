@@ -158,7 +158,7 @@ def test_redis_down_at_commit_leaves_the_push_to_the_relay_which_sends_it_once(
         server.kill()
     # One attempt, no retry budget (5 s without the outbox): the row holds the push.
     assert time.monotonic() - started < 1.0
-    assert receipt.state == DispatchState.OUTBOX and receipt.in_outbox
+    assert receipt.dispatch_state == DispatchState.OUTBOX and receipt.in_outbox
     assert "Connection refused" in receipt.error
     assert "the outbox relay will send it" in relier_log.text
     assert not [r for r in relier_log.records if r.levelname == "ERROR"]  # nobody must act

@@ -81,7 +81,7 @@ def test_it_gives_up_before_a_pause_would_end_past_the_budget_and_logs_the_envel
     t = FakeTime()
     p = FakePush(*[ConnectionError("down")] * 50)
     receipt = deliver(p, t)
-    assert receipt.failed and receipt.error == "ConnectionError: down"
+    assert receipt.send_failed and receipt.error == "ConnectionError: down"
     assert sum(t.pauses) <= 5.0 and sum(t.pauses) + 1.0 > 5.0  # pauses capped at 1 s
     assert t.pauses[:5] == [0.1, 0.2, 0.4, 0.8, 1.0]
     [line] = [r.getMessage() for r in errors.records if r.levelno == logging.ERROR]
@@ -97,7 +97,7 @@ def test_admission_waits_for_retry_after_and_gives_up_at_once_when_it_is_too_lon
 
     t = FakeTime()
     receipt = deliver(FakePush(AdmissionRejected("demo.record", 59.0)), t)
-    assert receipt.failed and t.pauses == []  # no wait that cannot end within the budget
+    assert receipt.send_failed and t.pauses == []  # no wait that cannot end within the budget
 
 
 def test_an_interrupt_during_a_pause_still_logs_the_envelope_then_propagates(errors):
@@ -111,7 +111,7 @@ def test_an_interrupt_during_a_pause_still_logs_the_envelope_then_propagates(err
     receipt = Receipt.deferred(p.env.id, p.cfg)
     with pytest.raises(KeyboardInterrupt):
         aftercommit.deliver(p, None, receipt, clock=t.clock, sleep=t.sleep)
-    assert receipt.failed and receipt.error.startswith("KeyboardInterrupt")
+    assert receipt.send_failed and receipt.error.startswith("KeyboardInterrupt")
     assert f"envelope={p.encoded}" in errors.text
 
 

@@ -183,7 +183,7 @@ def _settle(p: Deferred, receipt: Receipt, sent: Receipt, attempt: int) -> None:
     if attempt > 1:
         logger.warning(
             "push after commit dispatched task=%s task_id=%s attempt=%d state=%s",
-            p.env.task, p.env.id, attempt, receipt.state,
+            p.env.task, p.env.id, attempt, receipt.dispatch_state,
         )  # fmt: skip
 
 

@@ -139,8 +139,8 @@ class Receipt:
         """Where the task stands, as Celery names it (``AsyncResult.status``):
         ``PENDING`` (queued, or unknown), ``STARTED``, ``RETRY`` (waiting for its next
         attempt), ``SUCCESS`` or ``FAILURE`` (in the DLQ). Read from the store on each
-        access; for a duplicate, the status of the task holding the key. Not to be
-        confused with :attr:`state`, where the push stands.
+        access; for a duplicate, the status of the task holding the key (Celery's
+        :attr:`state` is the same; where the push stands is :attr:`dispatch_state`).
 
         Raises:
             RuntimeError: read inside a running event loop; use ``await receipt.astatus()``.
@@ -165,9 +165,31 @@ class Receipt:
         return self._created_ms
 
     @property
-    def state(self) -> DispatchState:
-        """``pending`` until the transaction commits (forever, if it rolls back),
-        then ``dispatched``, ``deduplicated``, ``failed`` or ``outbox``."""
+    def state(self) -> str:
+        """Celery's ``AsyncResult.state``: the same as :attr:`status` (``PENDING``,
+        ``STARTED``, ``RETRY``, ``SUCCESS``, ``FAILURE``, ``REVOKED``), read from the
+        store on each access. Where the *push* stands is :attr:`dispatch_state`."""
+        return self.status
+
+    def failed(self) -> bool:
+        """Celery's ``AsyncResult.failed()``: True when the task is in the DLQ
+        (``FAILURE``). Whether the post-commit *send* gave up is :attr:`send_failed`."""
+        return self.status == str(states.FAILURE)
+
+    def successful(self) -> bool:
+        """Celery's ``AsyncResult.successful()``: True once the task committed."""
+        return self.status == str(states.SUCCESS)
+
+    def ready(self) -> bool:
+        """Celery's ``AsyncResult.ready()``: True once the task has an outcome
+        (committed, in the DLQ, or cancelled)."""
+        return self.status in states.READY_STATES
+
+    @property
+    def dispatch_state(self) -> DispatchState:
+        """Where the push stands: ``pending`` until the transaction commits (forever,
+        if it rolls back), then ``dispatched``, ``deduplicated``, ``failed`` or
+        ``outbox``. Not Celery's ``state`` (:attr:`state` is)."""
         return self._dispatch.state
 
     @property
@@ -187,7 +209,7 @@ class Receipt:
         return self._dispatch.state is DispatchState.DEDUPLICATED
 
     @property
-    def failed(self) -> bool:
+    def send_failed(self) -> bool:
         """True when the post-commit send gave up (see :attr:`error`)."""
         return self._dispatch.state is DispatchState.FAILED
 
@@ -209,7 +231,7 @@ class Receipt:
 
     def __repr__(self) -> str:
         extra = f" duplicate_of={self.duplicate_of}" if self.duplicate_of else ""
-        return f"<Receipt {self._task_id} {self.state}{extra}>"
+        return f"<Receipt {self._task_id} {self.dispatch_state}{extra}>"
 
     def _result_key(self) -> str:
         dispatch = self._dispatch
