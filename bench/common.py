@@ -21,6 +21,9 @@ sys.path.insert(0, str(REPO))
 from testproject.harness import RedisServer, process_pointed_at, worker_env  # noqa: E402
 from testproject.rabbitmq import RabbitServer  # noqa: E402
 
+# A worker's logging as a project runs it: the testproject logs relier's runner at DEBUG
+# for its tests (a line per commit); Django's default logging does not.
+AS_SHIPPED = {"TESTPROJECT_RUNNER_LOG_LEVEL": "INFO"}
 # The RabbitMQ rounds' queues: quorum, the type RabbitMQ offers for messages that must
 # survive a node (docs/chaos.md, rabbitmq-delivery); the same for every contender.
 QUEUE_TYPE = "quorum"

@@ -19,7 +19,7 @@ end). Over the timed span (first push to last run, after one warm-up task):
   a figure of the work itself that the machine's load does not move (the kernel's
   share, about half of the CPU time, grows with the requests and is not in it). For
   relier_django each script's calls are also replayed apart, in a task's order (every
-  push, then every registration, start and commit), each by the current source of its
+  push, then every take, registration, start and commit), each by the current source of its
   ``.lua`` file: ``--keep-capture`` and ``--replay`` measure an edited script without
   a worker.
 
@@ -49,6 +49,7 @@ from typing import Any
 import redis
 
 from bench.common import (
+    AS_SHIPPED,
     private_rabbitmq,
     private_redis,
     producer_on,
@@ -64,7 +65,7 @@ SLOWLOG_MAX = 1_000_000
 # The benchmark's own polling (bench/throughput.py's _wait_done) and the work functions'
 # records: the same for every contender, shown apart from the task's path.
 # The order of a task's life, in which a replay sends each script's captured calls.
-LIFECYCLE = ("push", "heartbeat", "start", "commit")
+LIFECYCLE = ("push", "take", "heartbeat", "start", "commit")
 HARNESS = {"LLEN", "SLOWLOG", "CONFIG", "INFO", "PING", "CLIENT"}
 
 
@@ -301,6 +302,7 @@ def run(
     from testproject.harness import CeleryWorker
 
     task, extra = TASKS[contender]
+    extra = {**extra, **AS_SHIPPED}
     if broker is not None:
         extra = rabbitmq_env(broker, f"store-cost-{contender}-{mode}", extra)
     labels = [f"{contender}-{i}" for i in range(n)]

@@ -49,6 +49,7 @@ from typing import Any
 import psutil
 
 from bench.common import (
+    AS_SHIPPED,
     QUEUE_TYPE,
     private_rabbitmq,
     private_redis,
@@ -129,6 +130,7 @@ def _run(
     from testproject.harness import CeleryWorker
 
     task, extra = CONTENDERS[contender]
+    extra = {**extra, **AS_SHIPPED}
     if broker is not None:
         extra = rabbitmq_env(broker, f"tp-{contender}", extra)
     pusher = "relier" if contender.startswith("relier") else contender

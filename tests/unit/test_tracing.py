@@ -74,6 +74,31 @@ def test_without_a_span_in_progress_nothing_is_injected_and_no_push_span_is_made
         pass
 
 
+def test_a_run_builds_no_span_while_no_tracer_is_configured(monkeypatch):
+    """OpenTelemetry's default provider records nothing: with no context to carry, the
+    run skips the span altogether; once an SDK provider is set, it makes one."""
+    from opentelemetry import trace
+
+    made: list[str] = []
+
+    class Provider(trace.TracerProvider):  # stands for an SDK's provider
+        def get_tracer(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            made.append("tracer")
+            return trace.NoOpTracer()
+
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    monkeypatch.setattr(trace, "get_tracer", lambda *a, **k: made.append("tracer"))
+    with tracing.run_span(ENV):
+        pass
+    assert made == []
+    sdk = Provider()
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: sdk)
+    monkeypatch.setattr(trace, "get_tracer", lambda *a, **k: sdk.get_tracer(*a, **k))
+    with tracing.run_span(ENV):
+        pass
+    assert made == ["tracer"]
+
+
 def _fields(env: Envelope) -> dict:
     return {name: getattr(env, name) for name in env.__dataclass_fields__}
 

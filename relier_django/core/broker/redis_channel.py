@@ -30,8 +30,9 @@ one step; on another Redis, ``take_inflight.lua``, which keeps a copy in the wor
 in-flight record (:func:`inflight_of`) until the worker registered it. It waits, when
 every queue is empty, on the queues' *doorbells*
 (:func:`bell_of`) with ``BZPOPMIN``, which pops only a doorbell. Whoever queues a
-message rings its list's doorbell (this transport's publishes, ``push.lua`` and
-``commit.lua``); a message queued without a ring (another transport's producer, a
+message rings its list's doorbell (this transport's publishes, ``commit.lua``, and
+``push.lua`` when its message makes the list non-empty, the taker of each message
+ringing again while more wait); a message queued without a ring (another transport's producer, a
 kombu restore) waits at most one ``brpop_timeout`` (1 s), after which the worker asks
 again anyway.
 

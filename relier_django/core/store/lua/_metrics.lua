@@ -31,8 +31,10 @@ for i = 1, #KEYS do
   end
 end
 
+-- Counts pass their increments as text: a number handed to redis.call is printed by
+-- the server with a floating-point printf, the costliest part of an HINCRBY here.
 local function metric_count(mkey, field, n)
-  if mkey ~= '' and redis.call('HINCRBY', mkey, field, n or 1) == 0 then
+  if mkey ~= '' and redis.call('HINCRBY', mkey, field, n and string.format('%d', n) or '1') == 0 then
     -- A count taken back to nothing (abort.lua) leaves no field: absent reads as 0, and
     -- a push undone in full leaves the store as it found it.
     redis.call('HDEL', mkey, field)
@@ -53,14 +55,15 @@ local function metric_observe(mkey, name, ms)
       break
     end
   end
-  redis.call('HINCRBY', mkey, 'h:' .. name .. ':' .. b, 1)
-  redis.call('HINCRBY', mkey, 'h:' .. name .. ':sum', ms)
+  redis.call('HINCRBY', mkey, string.format('h:%s:%d', name, b), '1')
+  redis.call('HINCRBY', mkey, 'h:' .. name .. ':sum', string.format('%d', ms))
 end
 
 -- Makes slot (e.g. 'm17') hold index, given the index it holds now (its stamp): a slot
 -- reused for a new minute or hour starts from nothing. ring: 'm' (minutes) or 'h'.
 local function metric_reset(wkey, ring, slot, index, stamp)
-  if stamp ~= tostring(index) then
+  index = string.format('%d', index)
+  if stamp ~= index then
     local fields = ring == 'm' and {'ok', 'dlq', 'rec_n', 'rec_ms', 'rec_max'} or {'ok', 'dlq'}
     local stale = {}
     for i = 1, #fields do
@@ -72,20 +75,22 @@ local function metric_reset(wkey, ring, slot, index, stamp)
 end
 
 local function metric_slot(wkey, ring, index, slots)
-  local slot = ring .. (index % slots)
+  local slot = string.format('%s%d', ring, index % slots)
   metric_reset(wkey, ring, slot, index, redis.call('HGET', wkey, slot))
   return slot
 end
 
--- Adds n to an outcome ('ok' or 'dlq') in the slots of now_ms's minute and hour: both
--- stamps read in one HMGET.
+-- Adds n (default 1) to an outcome ('ok' or 'dlq') in the slots of now_ms's minute and
+-- hour: both stamps read in one HMGET.
 local function metric_window(wkey, now_ms, field, n)
   if wkey == '' then
     return
   end
+  n = n and string.format('%d', n) or '1'
   local minute = math.floor(now_ms / 60000)
   local hour = math.floor(minute / 60)
-  local m, h = 'm' .. (minute % METRIC_MINUTE_SLOTS), 'h' .. (hour % METRIC_HOUR_SLOTS)
+  local m = string.format('m%d', minute % METRIC_MINUTE_SLOTS)
+  local h = string.format('h%d', hour % METRIC_HOUR_SLOTS)
   local stamps = redis.call('HMGET', wkey, m, h)
   metric_reset(wkey, 'm', m, minute, stamps[1])
   metric_reset(wkey, 'h', h, hour, stamps[2])
@@ -99,8 +104,8 @@ local function metric_window_recovery(wkey, now_ms, ms)
     return
   end
   local m = metric_slot(wkey, 'm', math.floor(now_ms / 60000), METRIC_MINUTE_SLOTS)
-  redis.call('HINCRBY', wkey, m .. ':rec_n', 1)
-  redis.call('HINCRBY', wkey, m .. ':rec_ms', ms)
+  redis.call('HINCRBY', wkey, m .. ':rec_n', '1')
+  redis.call('HINCRBY', wkey, m .. ':rec_ms', string.format('%d', ms))
   if ms > tonumber(redis.call('HGET', wkey, m .. ':rec_max') or '-1') then
     redis.call('HSET', wkey, m .. ':rec_max', ms)
   end

@@ -80,7 +80,7 @@ if ARGV[6] ~= '' then
   end
   dlq_index_add(KEYS[8], KEYS[10], KEYS[11], id, ARGV[8], 'cancelled', now_ms)
   metric_count(KEYS[6], 'dlq:cancelled')
-  metric_window(KEYS[7], now_ms, 'dlq', 1)
+  metric_window(KEYS[7], now_ms, 'dlq')
 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('ZREM', KEYS[3], id)

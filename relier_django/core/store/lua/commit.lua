@@ -46,6 +46,7 @@
 -- Counts: 'committed' and the minute's and hour's 'ok' once per task; 'stale' per refused
 -- call (a zombie's commit; a client retry of a refused call counts again).
 -- @include _metrics
+-- @include _clock
 local id = ARGV[1]
 local fields = redis.call('HMGET', KEYS[1], 'fence', 'state')
 if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
@@ -62,17 +63,16 @@ if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
   metric_count(KEYS[5], 'stale')
   return {0, tonumber(fields[1]) or -1}
 end
-local ttl = tonumber(ARGV[4])
+local ttl = ARGV[4]
 redis.call('SET', KEYS[4], ARGV[3], 'PX', ttl)
 if KEYS[7] and KEYS[7] ~= '' and redis.call('GET', KEYS[7]) == id then
   redis.call('PEXPIRE', KEYS[7], ttl)
 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms, now_text = clock()
 if KEYS[8] and KEYS[8] ~= '' then
   local history = redis.call('LRANGE', KEYS[2], 0, -1)
   redis.call('RENAME', KEYS[1], KEYS[8])
-  redis.call('HSET', KEYS[8], 'state', 'committed', 'done_ms', now_ms,
+  redis.call('HSET', KEYS[8], 'state', 'committed', 'done_ms', now_text,
     'history', '[' .. table.concat(history, ',') .. ']')
   redis.call('PEXPIRE', KEYS[8], ttl)
   redis.call('DEL', KEYS[2])
@@ -102,18 +102,19 @@ if next_id and KEYS[13] then
 end
 if next_id and redis.call('EXISTS', KEYS[9]) == 0 and redis.call('EXISTS', KEYS[10]) == 0 then
   redis.call('HSET', KEYS[9],
-    'env', ARGV[6], 'fence', 1, 'state', 'queued', 'attempt', 1, 'res', 0, 'name', ARGV[7],
-    'queue', ARGV[8], 'idem', '', 'created_ms', now_ms, 'maxres', ARGV[10], 'pushers', 1)
-  redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[9]), next_id)
+    'env', ARGV[6], 'fence', '1', 'state', 'queued', 'attempt', '1', 'res', '0',
+    'name', ARGV[7], 'queue', ARGV[8], 'idem', '', 'created_ms', now_text,
+    'maxres', ARGV[10], 'pushers', '1')
+  redis.call('ZADD', KEYS[3], ms(now_ms + tonumber(ARGV[9])), next_id)
   if ARGV[11] ~= '' then
     redis.call('LPUSH', KEYS[11], ARGV[11])
-    redis.call('ZADD', KEYS[12], 0, 'ring')
+    redis.call('ZADD', KEYS[12], '0', 'ring')
   end
   metric_count(KEYS[5], 'pushed')
   created = 1
 end
 metric_count(KEYS[5], 'committed')
 if KEYS[6] ~= '' then
-  metric_window(KEYS[6], now_ms, 'ok', 1)
+  metric_window(KEYS[6], now_ms, 'ok')
 end
 return {1, created}

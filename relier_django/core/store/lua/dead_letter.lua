@@ -91,5 +91,5 @@ if fenced then
   redis.call('ZREM', KEYS[3], id)
 end
 metric_count(KEYS[9], 'dlq:' .. ARGV[9])
-metric_window(KEYS[10], now_ms, 'dlq', 1)
+metric_window(KEYS[10], now_ms, 'dlq')
 return {1, now_ms}

@@ -14,8 +14,8 @@
 -- KEYS[10..9+n]  admission counters (n = ARGV[7]; global, per task), see _admission.lua
 -- KEYS[10+n]     idempotency key <p>:i:<task>:<sha256>   (only for idempotent tasks)
 -- KEYS[#KEYS-1] the broker's queue list (only with ARGV[8+2n]; kombu's Redis transport)
--- KEYS[#KEYS]   that list's doorbell (transport.bell_of; only with ARGV[8+2n]): rung as
---                the message is queued, to wake a worker waiting on the list
+-- KEYS[#KEYS]   that list's doorbell (transport.bell_of; only with ARGV[8+2n]): rung when
+--                the message makes the list non-empty, to wake a worker waiting on it
 -- ARGV[1]  task id
 -- ARGV[2]  envelope, canonical JSON, fence 1
 -- ARGV[3]  task name
@@ -59,6 +59,7 @@
 -- refused by admission control (a client retry of a refused call counts again).
 -- @include _admission
 -- @include _metrics
+-- @include _clock
 local id = ARGV[1]
 local n = tonumber(ARGV[7] or '0')
 local message = ARGV[8 + 2 * n]
@@ -75,18 +76,18 @@ local idem
 if last >= 10 + n then
   idem = KEYS[10 + n]
 end
-local existing = redis.call('HMGET', KEYS[1], 'env', 'state')
-if existing[1] then
-  if existing[1] == ARGV[2] then
-    if redis.call('HSETNX', KEYS[1], pusher, 1) == 1 then
-      redis.call('HINCRBY', KEYS[1], 'pushers', 1)
+-- One EXISTS on the common path (none is there); which one only when one is.
+if redis.call('EXISTS', KEYS[1], KEYS[4], KEYS[5]) > 0 then
+  local existing = redis.call('HMGET', KEYS[1], 'env', 'state')
+  if existing[1] then
+    if existing[1] == ARGV[2] then
+      if redis.call('HSETNX', KEYS[1], pusher, '1') == 1 then
+        redis.call('HINCRBY', KEYS[1], 'pushers', '1')
+      end
+      return {1, id, existing[2] == 'scheduled' and 1 or 0}
     end
-    return {1, id, existing[2] == 'scheduled' and 1 or 0}
+    return {-1, id}
   end
-  return {-1, id}
-end
--- One EXISTS on the common path (neither is there); which one only when one is.
-if redis.call('EXISTS', KEYS[4], KEYS[5]) > 0 then
   return {redis.call('EXISTS', KEYS[4]) == 1 and -2 or -4, id}
 end
 if idem then
@@ -103,8 +104,7 @@ if n > 0 then
   end
   admission_count(10, n, 8)
 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms, now_text = clock()
 if idem then
   -- No TTL while unfinished: commit gives it one, failure deletes it (compare-and-delete).
   redis.call('SET', idem, id)
@@ -112,29 +112,30 @@ end
 local due = eta or (countdown and now_ms + countdown)
 local scheduled = due ~= nil and due > now_ms
 redis.call('HSET', KEYS[1],
-  'env', ARGV[2], 'fence', 1, 'state', scheduled and 'scheduled' or 'queued', 'attempt', 1,
-  'res', 0, 'name', ARGV[3], 'queue', ARGV[4], 'idem', idem or '', 'created_ms', now_ms,
-  'maxres', ARGV[6], 'pushers', 1, pusher, 1)
+  'env', ARGV[2], 'fence', '1', 'state', scheduled and 'scheduled' or 'queued',
+  'attempt', '1', 'res', '0', 'name', ARGV[3], 'queue', ARGV[4], 'idem', idem or '',
+  'created_ms', now_text, 'maxres', ARGV[6], 'pushers', '1', pusher, '1')
 metric_count(KEYS[8], 'pushed')
 if due then
-  redis.call('HSET', KEYS[1], 'due_ms', due)
+  redis.call('HSET', KEYS[1], 'due_ms', ms(due))
 end
 local expires = expires_at or (expires_in and now_ms + expires_in)
 if expires then
-  redis.call('HSET', KEYS[1], 'expires_ms', expires)
+  redis.call('HSET', KEYS[1], 'expires_ms', ms(expires))
 end
 if scheduled then
-  redis.call('ZADD', KEYS[6], due, id)
+  redis.call('ZADD', KEYS[6], ms(due), id)
   -- The new earliest due time: wake the leader, which sleeps until the one it knew.
   if redis.call('ZRANGE', KEYS[6], 0, 0)[1] == id then
     redis.call('DEL', KEYS[7])
-    redis.call('LPUSH', KEYS[7], due)
+    redis.call('LPUSH', KEYS[7], ms(due))
   end
   return {1, id, 1}
 end
-redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[5]), id)
-if queue_list then
-  redis.call('LPUSH', queue_list, message)
-  redis.call('ZADD', bell, 0, 'ring')
+redis.call('ZADD', KEYS[3], ms(now_ms + tonumber(ARGV[5])), id)
+-- The doorbell is rung by the message that makes the list non-empty: behind it, the
+-- worker that takes the one before rings again (take.lua), so one ring per backlog.
+if queue_list and redis.call('LPUSH', queue_list, message) == 1 then
+  redis.call('ZADD', bell, '0', 'ring')
 end
 return {1, id, 0}

@@ -31,6 +31,7 @@
 -- now), 'detection' (seen -> found), 'redispatch' (found -> sent), 'restart' (sent ->
 -- now), and the minute's recovery count, sum and maximum. The marks then go.
 -- @include _metrics
+-- @include _clock
 local id = ARGV[1]
 -- One read for every path: a refused start costs the same, an accepted one a call less.
 local current, partial, state, run, due, expires, created, queued, cause, seen, found, sent =
@@ -48,15 +49,14 @@ if state ~= 'queued' then
   end
   return {0, 'started', tonumber(current)}
 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms, now_text = clock()
 if expires and tonumber(expires) < now_ms then
   return {0, 'expired', tonumber(current)}
 end
-redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[3], 'started_ms', now_ms,
+redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[3], 'started_ms', now_text,
   'run', ARGV[6])
-redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[4]), id)
-redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_ms .. ',' .. ARGV[5])
+redis.call('ZADD', KEYS[3], ms(now_ms + tonumber(ARGV[4])), id)
+redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_text .. ',' .. ARGV[5])
 if KEYS[4] ~= '' then
   local ready = math.max(tonumber(queued or created) or now_ms, tonumber(due) or 0)
   metric_observe(KEYS[4], 'queue_wait', now_ms - ready)
