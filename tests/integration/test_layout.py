@@ -1,6 +1,6 @@
 """A store keeps the layout it was created with (PARTITIONS, CLUSTER; store/layout.py):
 a process configured for another would store tasks where no worker looks, or look for
-them where none are. The first worker (or check) records the layout; a worker
+them where none are. The first process (a worker, a check, a push) records the layout; a worker
 configured otherwise refuses to start, a producer refuses to push, and ``manage.py
 check`` reports relier.E015."""
 
@@ -27,14 +27,20 @@ def laid_out_for_six(redis_client: redis.Redis) -> Iterator[None]:
     layout._matched.clear()
 
 
-def test_a_push_reads_the_record_and_writes_nothing_of_its_own(
+def test_a_push_records_the_layout_of_a_fresh_store_and_asks_once_per_process(
     redis_client: redis.Redis,
 ) -> None:
+    """Whoever reaches a fresh store first records it (here a producer); after its
+    first push, a producer asks nothing (issue 37: the read was a second round trip on
+    every push until a worker stamped the store)."""
     layout._matched.clear()
     tasks.record.push_with(on_commit=False).push("before-any-worker")
-    assert redis_client.get("rl:layout") is None  # the workers' and checks' to write
-    redis_client.set("rl:layout", "1:plain")
-    tasks.record.push_with(on_commit=False).push("recorded")
+    assert redis_client.get("rl:layout") == b"1:plain"
+    before = redis_client.info("commandstats")
+    tasks.record.push_with(on_commit=False).push("asks-nothing")
+    after = redis_client.info("commandstats")
+    for command in ("cmdstat_get", "cmdstat_set"):
+        assert after.get(command, {}).get("calls", 0) == before.get(command, {}).get("calls", 0)
     redis_client.set("rl:layout", "6:tagged")  # read once per process once recorded
     tasks.record.push_with(on_commit=False).push("not-read-again")
 

@@ -2,11 +2,13 @@
 
 A process configured for another layout would look for every task in the wrong place
 (another partition, or untagged keys): pushes it made would never be seen by the
-workers, and the reverse. So the first worker (or check) to reach a store records its
-layout
-(``SET NX``, no TTL: workers at start, ``manage.py check``), and every process
-compares: a worker refuses to start on a mismatch, a producer refuses to push (it reads
-the record once per process), and ``manage.py check`` reports it (``relier.E015``).
+workers, and the reverse. So the first process to reach a store records its layout
+(``SET NX``, no TTL: a worker at start, ``manage.py check``, a producer at its first
+push), and every process compares: a worker refuses to start on a mismatch, a producer
+refuses to push, and ``manage.py check`` reports it (``relier.E015``). A producer
+records or reads it once per process, whichever process stamped the store first: a
+producer that reached a fresh store first and is configured otherwise than the
+workers makes them refuse to start, loudly, instead of pushing where none looks.
 """
 
 from __future__ import annotations
@@ -52,24 +54,27 @@ def _refusal(keys: KeySpace, recorded: str) -> ConfigError:
 
 def verify(client: Any, keys: KeySpace, where: tuple[Any, ...]) -> None:
     """Raise ConfigError if the store at ``where`` was recorded with another layout
-    than ``keys`` (read once per process once recorded). A producer only reads: the
-    record is the workers' (and ``manage.py check``'s) to write, so a push adds no key
-    of its own, and until a worker has recorded one there is nothing to compare."""
+    than ``keys``; record ``keys``' if it has none. One round trip (two when the record
+    exists) per process and store: a push after the first asks nothing."""
     if (where, keys.layout_value()) in _matched:
         return
-    _compare(keys, client.get(keys.layout), where)
+    recorded = None if client.set(keys.layout, keys.layout_value(), nx=True) else (
+        client.get(keys.layout)
+    )  # fmt: skip
+    _compare(keys, recorded, where)
 
 
 async def averify(client: Any, keys: KeySpace, where: tuple[Any, ...]) -> None:
     """:func:`verify` for async code."""
     if (where, keys.layout_value()) in _matched:
         return
-    _compare(keys, await client.get(keys.layout), where)
+    stamped = await client.set(keys.layout, keys.layout_value(), nx=True)
+    _compare(keys, None if stamped else await client.get(keys.layout), where)
 
 
 def _compare(keys: KeySpace, recorded: Any, where: tuple[Any, ...]) -> None:
-    if recorded is None:
-        return  # not recorded yet: asked again at the next push
-    if recorded != keys.layout_value():
+    # None: this call recorded it, or it was deleted between the two calls (FLUSHALL),
+    # when the next process records it again.
+    if recorded is not None and recorded != keys.layout_value():
         raise _refusal(keys, str(recorded))
     _matched.add((where, keys.layout_value()))
