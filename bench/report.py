@@ -234,8 +234,9 @@ def _worker_memory(lines: list[str], d: dict[str, Any]) -> None:
     from bench.worker_memory import table
 
     lines += [
-        f"An idle worker (1 main + 2 prefork processes), {d['idle_s']:g} s after its "
-        "warm-up tasks; the same Django project for Celery and relier_django.",
+        f"An idle worker (1 main + {d.get('concurrency', 2)} prefork processes), "
+        f"{d['idle_s']:g} s after its warm-up tasks; the same Django project for Celery "
+        "and relier_django.",
         "",
     ]
     lines += table(d["median_mib"], d["rounds"])

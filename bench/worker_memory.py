@@ -30,6 +30,10 @@ Target (issue 37): relier_django's idle PSS (main + 2 pool processes) <= 1.2 x C
 acks_late's.
 
     python -m bench.worker_memory [--rounds 3] [--idle 5] [--only acks_late relier]
+        [--concurrency 2]
+
+Another concurrency than 2, fewer rounds or fewer contenders write
+``worker_memory-small-c<concurrency>.json``, leaving the recorded result alone.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ ACKS_LATE = {
     "CELERY_TASK_REJECT_ON_WORKER_LOST": "true",
 }
 CONTENDERS = ("acks_late", "relier", "anchor")
-WARM_TASKS = 6  # a few, each long enough that both pool processes take some
+WARM_TASKS_PER_PROCESS = 3  # each long enough that every pool process takes some
 WARM_SLEEP_S = 0.2
 FIELDS = ("pss", "uss", "rss")
 
@@ -91,7 +95,7 @@ def _warm(client, push: Callable[[list[str]], Any], pool: set[int], tag: str) ->
     """Run tasks until every pool process has run one (at most 5 batches)."""
     ran: set[int] = set()
     for batch in range(5):
-        labels = [f"mem-{tag}-{batch}-{i}" for i in range(WARM_TASKS)]
+        labels = [f"mem-{tag}-{batch}-{i}" for i in range(WARM_TASKS_PER_PROCESS * len(pool))]
         push(labels)
         deadline = time.monotonic() + 60
         while any(not client.llen(f"demo:exec:{label}") for label in labels):
@@ -105,7 +109,9 @@ def _warm(client, push: Callable[[list[str]], Any], pool: set[int], tag: str) ->
 
 
 @contextlib.contextmanager
-def _worker(contender: str, url: str, log_dir: Path) -> Iterator[tuple[Any, Callable]]:
+def _worker(
+    contender: str, url: str, log_dir: Path, concurrency: int
+) -> Iterator[tuple[Any, Callable]]:
     """The contender's worker on ``url``, and how to push its tasks (labels -> ...)."""
     if contender == "anchor":
         from bench import anchor_delivery
@@ -114,7 +120,7 @@ def _worker(contender: str, url: str, log_dir: Path) -> Iterator[tuple[Any, Call
         python = ensure_anchor()
         code = anchor_delivery.write_code(log_dir / "anchor-code")
         worker = anchor_delivery.AnchorWorker(
-            url, log_dir, name="mem-anchor", python=python, code_dir=code
+            url, log_dir, name="mem-anchor", concurrency=concurrency, python=python, code_dir=code
         )
 
         def push(labels: list[str]) -> Any:
@@ -129,7 +135,9 @@ def _worker(contender: str, url: str, log_dir: Path) -> Iterator[tuple[Any, Call
         env = {"DJANGO_SETTINGS_MODULE": "bench.memory_settings"}
         if contender == "acks_late":
             env |= {**ACKS_LATE, "CELERY_RESULT_BACKEND": url, "BENCH_MEMORY_RELIER": "0"}
-        worker = CeleryWorker(url, log_dir, name=f"mem-{contender}", extra_env=env)
+        worker = CeleryWorker(
+            url, log_dir, name=f"mem-{contender}", concurrency=concurrency, extra_env=env
+        )
 
         def push(labels: list[str]) -> Any:
             if contender == "relier":
@@ -156,15 +164,15 @@ def _check_celery_alone(client) -> None:
         raise RuntimeError(f"acks_late: relier_django ran in Celery's worker: {names}")
 
 
-def run(contender: str, idle_s: float, log_dir: Path) -> dict[str, Any]:
+def run(contender: str, idle_s: float, log_dir: Path, concurrency: int = 2) -> dict[str, Any]:
     """One idle worker of ``contender`` on a private Redis, read after ``idle_s``."""
     with private_redis() as server:
         setup_django(server.url)
         client = server.client(decode_responses=True)
-        with _worker(contender, server.url, log_dir) as (worker, push):
+        with _worker(contender, server.url, log_dir, concurrency) as (worker, push):
             pool = {p.pid for p in worker.children()}
-            if len(pool) != 2:
-                raise RuntimeError(f"{contender}: {len(pool)} pool processes, not 2")
+            if len(pool) != concurrency:
+                raise RuntimeError(f"{contender}: {len(pool)} pool processes, not {concurrency}")
             _warm(client, push, pool, contender)
             if contender == "acks_late":
                 _check_celery_alone(client)
@@ -212,13 +220,16 @@ def main() -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--idle", type=float, default=5.0, help="seconds idle before reading")
     parser.add_argument("--only", nargs="*", choices=CONTENDERS, help="run only these")
+    parser.add_argument(
+        "--concurrency", type=int, default=2, help="pool processes (other than 2: not recorded)"
+    )
     args = parser.parse_args()
     chosen = list(args.only or CONTENDERS)
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in chosen}
     with tempfile.TemporaryDirectory(prefix="relier-memory-") as tmp:
         for n in range(args.rounds):  # the order flips every round: drift hits all alike
             for contender in chosen if n % 2 == 0 else chosen[::-1]:
-                found = run(contender, args.idle, Path(tmp) / f"{contender}-{n}")
+                found = run(contender, args.idle, Path(tmp) / f"{contender}-{n}", args.concurrency)
                 runs[contender].append(found)
                 pool = " + ".join(f"{p['pss']:.1f}" for p in found["pool"])
                 print(f"round {n + 1} {contender:<10} PSS main {found['main']['pss']:.1f} + "
@@ -226,7 +237,8 @@ def main() -> dict[str, Any]:
                       f"(USS {found['total']['uss']:.1f}, RSS {found['total']['rss']:.1f})",
                       flush=True)  # fmt: skip
     medians = {c: _median(r) for c, r in runs.items()}
-    print(f"\nidle worker, 1 main + 2 prefork processes, {args.idle:g} s idle after warm-up")
+    print(f"\nidle worker, 1 main + {args.concurrency} prefork processes, "
+          f"{args.idle:g} s idle after warm-up")  # fmt: skip
     print("\n".join(table(medians, args.rounds)))
     ratio = met = None
     if "relier" in medians and "acks_late" in medians:
@@ -234,10 +246,11 @@ def main() -> dict[str, Any]:
         met = ratio <= TARGET
         print(f"\nrelier_django / Celery acks_late, PSS total: {ratio:.2f} "
               f"(target <= {TARGET}: {'met' if met else 'MISSED'})")  # fmt: skip
-    data = {"rounds": args.rounds, "idle_s": args.idle, "median_mib": medians,
-            "runs": runs, "pss_ratio_vs_acks_late": ratio, "target": TARGET,
+    data = {"rounds": args.rounds, "idle_s": args.idle, "concurrency": args.concurrency,
+            "median_mib": medians, "runs": runs, "pss_ratio_vs_acks_late": ratio, "target": TARGET,
             "target_met": met}  # fmt: skip
-    name = "worker_memory" if args.only is None and args.rounds >= 3 else "worker_memory-small"
+    default = args.only is None and args.rounds >= 3 and args.concurrency == 2
+    name = "worker_memory" if default else f"worker_memory-small-c{args.concurrency}"
     print(f"results: {write_result(name, data)}")
     return data
 
