@@ -10,8 +10,8 @@ pool runs a full collection in the main process before forking each pool process
 second fork copies, in the main process, every page the first pool process shares with
 it, and leaves the first pool process the only holder of the originals; any later full
 collection, in the main process or in a pool process, does the same. Measured on an
-idle worker of two pool processes (``bench/worker_memory.py``): the first held 38 MiB
-of its own, the second 12.
+idle worker of two pool processes (``bench/worker_memory.py``): the first held 39.7 MiB
+of its own, the second 13.5.
 
 ``gc.freeze()`` moves every object the collector tracks into a permanent generation no
 collection examines, which is what CPython's documentation advises for a process that
