@@ -16,6 +16,7 @@ from bench import (
     scheduling,
     store_cost,
     throughput,
+    worker_memory,
     workflows,
 )
 
@@ -38,6 +39,8 @@ BENCHMARKS = {
     "store_cost_rabbitmq": (store_cost.main, ["--broker", "rabbitmq"]),  # the store alone
     # Redis CPU per task per master: the store on 1 and on 3 cluster masters, and plain.
     "cluster_cost": (cluster_cost.main, []),
+    # An idle worker's PSS (main + 2 pool processes): Celery acks_late, relier, the anchor.
+    "worker_memory": (worker_memory.main, []),
 }
 
 if __name__ == "__main__":

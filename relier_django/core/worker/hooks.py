@@ -4,6 +4,9 @@
 - ``celeryd_after_setup``: the worker consumes the recovery queue, whatever ``-Q``
   says, so resurrected tasks always find a consumer; and takes its messages with
   ``take.lua`` (``intake``), which marks each task held by it as it pops the message.
+- ``worker_before_create_process``: before the prefork pool's first fork, what the
+  main process holds is frozen out of the garbage collector's reach, so its pages stay
+  shared with the pool processes (``forking``).
 - ``worker_ready``: the embedded resurrector (a scanner thread in the worker's main
   process; passes never block task execution); a message from the recovery queue
   will wait for a free pool process ahead of the prefetched ones (see ``front``).
@@ -43,7 +46,7 @@ from ..recovery.scanner import Scanner
 from ..store import event_loop, layout, liveness
 from ..store.connection import describe, sync_client
 from ..store.keys import KeySpace
-from . import fencing, intake, pool_order, timeouts
+from . import fencing, forking, intake, pool_order, timeouts
 from .reservations import Reservations, fence_of, waiting_request_ids
 from .runner import Runner
 
@@ -354,6 +357,9 @@ def connect() -> None:
         _on_after_setup, dispatch_uid=uid + "after_setup", weak=False
     )
     signals.worker_ready.connect(_on_worker_ready, dispatch_uid=uid + "worker_ready", weak=False)
+    signals.worker_before_create_process.connect(
+        forking.freeze_before_first_fork, dispatch_uid=uid + "before_fork", weak=False
+    )
     signals.worker_process_init.connect(
         _on_process_init, dispatch_uid=uid + "process_init", weak=False
     )
