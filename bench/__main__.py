@@ -9,6 +9,7 @@ from bench import (
     cluster_cost,
     delivery,
     dlq_pages,
+    parity,
     pop_trace,
     push_overhead,
     report,
@@ -41,6 +42,9 @@ BENCHMARKS = {
     "cluster_cost": (cluster_cost.main, []),
     # An idle worker's PSS (main + 2 pool processes): Celery acks_late, relier, the anchor.
     "worker_memory": (worker_memory.main, []),
+    # Issue 37's figures against Celery acks_late in one run (after worker_memory and
+    # fleet, whose results it prints beside its own).
+    "parity": (parity.main, []),
 }
 
 if __name__ == "__main__":

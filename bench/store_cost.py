@@ -296,8 +296,8 @@ def run(
     ``broker``: a RabbitMQ node for Celery's broker (quorum queues, one queue per run,
     as the other benchmarks' RabbitMQ rounds); Redis then holds only relier's store
     (and the work functions' records)."""
-    from bench.delivery import CONTENDERS as TASKS
     from bench.delivery import _point_at, push_all
+    from bench.throughput import CONTENDERS as TASKS
     from bench.throughput import _cpu_s, _wait_done
     from testproject.harness import CeleryWorker
 

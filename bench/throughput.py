@@ -64,9 +64,20 @@ from testproject.rabbitmq import RabbitServer
 
 WORKLOADS = {"no-op": 0.0, "10 ms": 0.01}
 # relier_django once more on kombu's own transport: what its transport is worth.
+# Celery with acks_late once more in the same Django project without relier_django
+# installed (bench/memory_settings.py): the testproject's Celery contenders load the
+# demo's @rl_task modules, and with them relier's worker hooks, threads and connections.
 CONTENDERS = {
     **DELIVERY_CONTENDERS,
     "relier_kombu": (DELIVERY_CONTENDERS["relier"][0], KOMBU_TRANSPORT),
+    "acks_late_alone": (
+        "bench.plain_work",
+        {
+            **DELIVERY_CONTENDERS["acks_late"][1],
+            "DJANGO_SETTINGS_MODULE": "bench.memory_settings",
+            "BENCH_MEMORY_RELIER": "0",
+        },
+    ),
 }
 # relier_django with its metrics on (the default) and off, on no-op tasks only.
 METRICS_MODES: dict[str, dict[str, str]] = {"on": {}, "off": {"RELIER_METRICS": "False"}}
