@@ -20,7 +20,7 @@ from celery.schedules import crontab
 from django.core.checks import Error
 from django.core.checks import Warning as CheckWarning
 
-from relier_django import checks
+from relier_django.checks import tasks as checks
 from relier_django.core.model import config
 from relier_django.core.schedule import periodic
 from relier_django.core.store.keys import KeySpace
