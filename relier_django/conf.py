@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import logging
 import os
 import typing
@@ -166,7 +167,8 @@ def _cast_strings(raw: Any, source: str, shown: str) -> tuple[str, ...]:
     # A list in the settings dict; comma-separated in the environment ("a, b"); a dict
     # in the settings dict becomes "key=value" entries ({"shop.charge": "100/s"}).
     if isinstance(raw, dict):
-        raw = [f"{k}={v}" for k, v in raw.items()]
+        # A nested dict ({"stripe": {"concurrency": 5}}, RELIER["LIMITS"]) as JSON.
+        raw = [f"{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in raw.items()]
     items = raw.split(",") if isinstance(raw, str) else raw
     if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
         raise ImproperlyConfigured(f"{source} must be a list of strings, got {shown}")

@@ -142,6 +142,8 @@ if env.str("CELERY_BROKER_MASTER_NAME", default=""):
 
 RELIER = {
     "REDIS_URL": RELIER_REDIS_URL,
+    # testproject/demo/limit_tasks.py's named limit (docs/flow-control.md).
+    "LIMITS": {"shared": {"concurrency": 2}},
 }
 
 # Django's task framework on relier (docs/django-tasks.md); the tasks of
@@ -157,6 +159,7 @@ CELERY_IMPORTS = [
     "testproject.demo.jobs",
     "testproject.demo.conformance_jobs",
     "testproject.demo.composition_tasks",  # the composition matrix's (tests/composition/)
+    "testproject.demo.limit_tasks",  # flow control's (tests, chaos, bench/flow_control.py)
 ]
 
 LOGGING = {

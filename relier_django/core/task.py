@@ -13,6 +13,7 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
 from .model import arguments, config, ids, links, workflow
+from .model import limits as limits_mod
 from .model import options as options_mod
 from .model.errors import TaskFailed
 from .model.idem_key import KeyOption
@@ -290,6 +291,10 @@ def rl_task(
     rate_limit: str | None = None,
     keep_trail: bool = False,
     atomic: bool | str = False,
+    concurrency: int | None = None,
+    concurrency_key: Any = None,
+    limit: str | None = None,
+    rate: str | None = None,
     **celery_options: Any,
 ) -> Any:
     """Declare a task that cannot be lost. Works on ``async def`` and plain ``def``.
@@ -328,8 +333,8 @@ def rl_task(
         admission_limit: admission control for pushes of this task, e.g. ``"100/s"``
             (a fixed window): over it, ``push()`` raises ``AdmissionRejected`` with
             ``retry_after_s`` and nothing is stored or sent. The setting
-            ``ADMISSION_TASK_LIMITS`` wins over it. Not Celery's ``rate_limit`` (which
-            slows execution on each worker): ``rate_limit=`` is its deprecated name here.
+            ``ADMISSION_TASK_LIMITS`` wins over it. Not Celery's ``rate_limit``, which
+            is ``rate=`` here.
         version: the schema version of the task's arguments, carried by every push.
             Bump it when the signature changes in a way old pushes do not fit.
         migrations: ``{from_version: fn(args, kwargs) -> (args, kwargs)}``, one step
@@ -351,6 +356,21 @@ def rl_task(
             after another incarnation's is rolled back by the database itself. A plain
             ``def`` task only (Django's transactions are synchronous); the result must
             be JSON. See docs/transactions.md.
+        concurrency: at most this many of the task's incarnations hold a slot at once,
+            across every worker: from its dispatch to its commit, DLQ or cancel (a
+            resurrected or retried incarnation keeps the slot). Over it, a task waits
+            in Redis, in push order, and is dispatched by the script that frees a slot.
+        concurrency_key: the name of one of the task's arguments, or a callable of its
+            arguments returning a str or an int: each key gets its own
+            ``concurrency`` slots (and its own ``rate``). With ``concurrency=1``, one
+            key's tasks run one at a time in push order.
+        limit: the name of a ``RELIER["LIMITS"]`` entry whose slots and rate this task
+            shares with every other task naming it (with ``concurrency_key``, freed
+            slots go to the keys in turn; ``"per_key": True`` gives each key its own).
+        rate: dispatches per window across every worker, e.g. ``"100/s"`` (Celery's
+            ``rate_limit=``, held cluster-wide instead of per worker): a task over it
+            waits in the durable schedule for its turn, no worker held. Per key with
+            ``concurrency_key``. See docs/flow-control.md.
         celery_options: Celery's names for the options above (``autoretry_for``,
             ``soft_time_limit``, ``time_limit``, ``retry_backoff=True``), and Celery
             options with nothing to do here (``acks_late``, ``ignore_result``, ...);
@@ -373,7 +393,9 @@ def rl_task(
         ours[option] = tuple(value) if option == "retry_on" else value
     soft_timeout, hard_timeout = ours["soft_timeout"], ours["hard_timeout"]
     retry_on, retry_backoff = ours["retry_on"], ours["retry_backoff"]
-    rate = options_mod.admission_rate(admission_limit, rate_limit)
+    flow = limits_mod.check_options(
+        concurrency, concurrency_key, limit, options_mod.execution_rate(rate, rate_limit)
+    )
     if idempotency_key is not None and not idempotent:
         raise ValueError("idempotency_key= only makes sense with idempotent=True")
     if not isinstance(retry_on, tuple) or not all(
@@ -382,7 +404,7 @@ def rl_task(
         raise TypeError("retry_on must be a tuple of exception classes, e.g. (TimeoutError,)")
 
     _check_timeouts(soft_timeout, hard_timeout, on_soft_timeout)
-    own_rate = Rate.parse(rate) if rate is not None else None
+    own_rate = Rate.parse(admission_limit) if admission_limit is not None else None
     schema = Schema(version, migrations or {})
     if atomic is not False and atomic is not True and not (isinstance(atomic, str) and atomic):
         raise TypeError(f"atomic= takes True or a database alias (a str), got {atomic!r}")
@@ -412,8 +434,9 @@ def rl_task(
             retry_backoff_s=retry_backoff, retry_backoff_max_s=retry_backoff_max,
             soft_timeout_s=soft_timeout, hard_timeout_s=hard_timeout,
             on_soft_timeout=on_soft_timeout, admission_limit=own_rate, schema=schema,
-            bind=bind, keep_trail=keep_trail, atomic=alias,
+            bind=bind, keep_trail=keep_trail, atomic=alias, limits=flow,
         )  # fmt: skip
+        limits_mod.check_key_argument(flow, spec.user_signature(), task_name)
         hooks.connect()
         body = _make_body(func)
         # A def task's limits are Celery's own (prefork): soft raises inside the task,

@@ -44,6 +44,7 @@ from relier_django.core.extras import lock, ratelimit
 from relier_django.core.model import config, outcome
 from relier_django.core.model.envelope import Envelope
 from relier_django.core.model.failure import Failure, Reason
+from relier_django.core.model.limits import Gate
 from relier_django.core.model.rates import Rate
 from relier_django.core.model.timing import Timing
 from relier_django.core.model.transition import history_tail
@@ -363,6 +364,88 @@ def cancel_member(cfg: config.Config, client: redis.Redis) -> Any:
     return store_cancel.cancel(cfg, env.id)
 
 
+# -- flow control (G14): the paths _limits.lua adds to push, schedule_take, commit,
+# dead_letter and cancel; the plain layout only (a partitioned store refuses limits).
+ONE_SLOT = Gate("t:demo.record|k", "", 1, "", 0, 0)
+RATED = Gate("t:demo.record|k", "", 1, "t:demo.record|k", 1000, 0)
+
+
+@functools.cache
+def _other(label: str, task_id: str) -> Any:
+    # The same bytes in both runs of a scenario, as _the_envelope.
+    return producer.prepare(tasks.record.relier_spec, (label,), {}, task_id)
+
+
+def _holder(cfg: config.Config, client: redis.Redis) -> Any:
+    """Another task of the same scope, holding its one slot."""
+    other = _other("y", "replay-holder")
+    stored = idempotency.store(_keys(cfg), other, other.encode(), 60_000, 3, token="h",
+                               gate=ONE_SLOT).run(client)  # fmt: skip
+    assert stored.scheduled and client.hget(_keys(cfg).task(other.id), "lim_h") == "1"
+    return other
+
+
+def push_slot(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _env(cfg)
+    return idempotency.store(_keys(cfg), env, env.encode(), 60_000, 3, token="p",
+                             gate=ONE_SLOT).run(client)  # fmt: skip
+
+
+def push_parked(cfg: config.Config, client: redis.Redis) -> Any:
+    _holder(cfg, client)
+    return push_slot(cfg, client)
+
+
+def schedule_take_gated(cfg: config.Config, client: redis.Redis) -> Any:
+    """A task due after a countdown takes its slot and its rate's time at dispatch."""
+    env = _env(cfg)
+    when = Timing(countdown_ms=60_000)
+    assert idempotency.store(_keys(cfg), env, env.encode(), 60_000, 3, token="p", when=when,
+                             gate=RATED).run(client).scheduled  # fmt: skip
+    client.zadd(_keys(cfg).schedule, {env.id: 1})  # due long ago
+    return _take_call(cfg).run(client)
+
+
+def schedule_take_parks(cfg: config.Config, client: redis.Redis) -> Any:
+    _holder(cfg, client)
+    env = _env(cfg)
+    when = Timing(countdown_ms=60_000)
+    assert idempotency.store(_keys(cfg), env, env.encode(), 60_000, 3, token="p", when=when,
+                             gate=ONE_SLOT).run(client).scheduled  # fmt: skip
+    client.zadd(_keys(cfg).schedule, {env.id: 1})
+    return _take_call(cfg).run(client)
+
+
+def _holding(cfg: config.Config, client: redis.Redis) -> Any:
+    """This task holds the scope's one slot, started; another waits parked behind it."""
+    env = push_slot(cfg, client) and _env(cfg)
+    client.hset(_keys(cfg).task(env.id), "state", "queued")  # as the leader dispatched it
+    assert fencing.start(_keys(cfg), env, "w1@host:1", 30_000).run(client).started
+    waiting = _other("z", "replay-waiting")
+    idempotency.store(_keys(cfg), waiting, waiting.encode(), 60_000, 3, token="w",
+                      gate=ONE_SLOT).run(client)  # fmt: skip
+    assert client.hget(_keys(cfg).task(waiting.id), "state") == "parked"
+    return env
+
+
+def commit_hands_over(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _holding(cfg, client)
+    record = outcome.succeeded({"ok": 1}, env.fence)
+    return fencing.commit(_keys(cfg), env, record, 60_000).run(client)
+
+
+def dead_letter_hands_over(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _holding(cfg, client)
+    failure = Failure(Reason.EXCEPTION, "ValueError", "boom", worker="w1@host:1")
+    return dlq.dead_letter(_keys(cfg), failure, 60_000, env=env).run(client)
+
+
+def cancel_parked(cfg: config.Config, client: redis.Redis) -> Any:
+    _holder(cfg, client)
+    push_slot(cfg, client)
+    return store_cancel.cancel(cfg, TASK_ID)
+
+
 def presence(cfg: config.Config, client: redis.Redis) -> Any:
     held = Reservations(cfg, worker="host-1:42")
     held.announce(alive=True)
@@ -456,7 +539,17 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "commit+chain": ("commit", Case(commit_chain)),
     "commit+chord": ("commit", Case(commit_chord)),
     "cancel+member": ("cancel", Case(cancel_member)),
+    "push+slot": ("push", Case(push_slot)),
+    "push+parked": ("push", Case(push_parked)),
+    "schedule_take+gate": ("schedule_take", Case(schedule_take_gated)),
+    "schedule_take+parks": ("schedule_take", Case(schedule_take_parks)),
+    "commit+hands_over": ("commit", Case(commit_hands_over)),
+    "dead_letter+hands_over": ("dead_letter", Case(dead_letter_hands_over)),
+    "cancel+parked": ("cancel", Case(cancel_parked)),
 }
+# Flow control runs on an unpartitioned store only (model/limits.py refuses it at push).
+_UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_take+parks",
+                  "commit+hands_over", "dead_letter+hands_over", "cancel+parked"}  # fmt: skip
 
 
 def _script_names() -> list[str]:
@@ -594,7 +687,12 @@ def _layouts() -> list[Any]:
     cases = []
     for name in [*_script_names(), *VARIANTS]:
         cases.append(pytest.param(name, 1, id=f"{name}-plain"))
-        if "chain" not in name and "chord" not in name and name != "take":
+        if (
+            "chain" not in name
+            and "chord" not in name
+            and name != "take"
+            and name not in _UNPARTITIONED
+        ):
             cases.append(pytest.param(name, 4, id=f"{name}-partitioned"))
     return cases
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
 from relier_django import rl_task
@@ -36,14 +34,13 @@ def test_a_celery_option_with_another_meaning_says_what_to_do_instead():
         options.translate({"retry_jitter": False}, ())
 
 
-def test_rate_limit_still_works_and_warns_that_it_is_admission_not_throttling():
-    with pytest.warns(DeprecationWarning, match=r"admission control.*not Celery's rate_limit"):
-        assert options.admission_rate(None, "5/s") == "5/s"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert options.admission_rate("5/s", None) == "5/s"
-    with pytest.raises(TypeError, match="admission_limit= only"):
-        options.admission_rate("5/s", "5/s")
+def test_rate_limit_is_celery_s_execution_rate_held_across_workers():
+    """Celery's rate_limit= slows execution; relier's rate= does so cluster-wide: the
+    same meaning under either name (docs/flow-control.md), one of them at a time."""
+    assert options.execution_rate(None, "5/s") == "5/s"
+    assert options.execution_rate("5/s", None) == "5/s"
+    with pytest.raises(TypeError, match="not both"):
+        options.execution_rate("5/s", "5/s")
 
 
 def test_apply_async_options_it_cannot_honour_are_refused_never_dropped():

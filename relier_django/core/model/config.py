@@ -8,13 +8,15 @@ with :func:`set_provider`. Code outside Django may build one by hand.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from . import rates, signing
 from .errors import ConfigError
+from .limits import NamedLimit, named_limits
 from .rates import Rate
 from .redaction import redact
 
@@ -86,6 +88,9 @@ class Config:
     # per task name ("shop.charge=100/s"), which win over @rl_task(admission_limit=...).
     admission_limit: str | None = None
     admission_task_limits: tuple[str, ...] = ()
+    # Named flow-control limits: 'name=<JSON>' entries, from the settings dict
+    # {"stripe": {"concurrency": 5, "rate": "100/s", "per_key": False}} (model/limits.py).
+    limits: tuple[str, ...] = ()
     # HMAC-SHA256 envelope signing: the first key signs, every key verifies, so keys
     # rotate without refusing a task (docs/rolling-deploys.md). Never printed.
     signing_keys: tuple[str, ...] = dataclasses.field(default=(), repr=False)
@@ -153,6 +158,7 @@ class Config:
             ("signing_keys", lambda: signing.check_keys(self.signing_keys, "signing_keys")),
             ("sentinels", self._check_sentinels),
             ("admission_task_limits", self.task_admission_limits),
+            ("limits", self.named_limits),
             ("admission_limit", lambda: self.admission_limit is None
                 or _rate("admission_limit", self.admission_limit)),
         )  # fmt: skip
@@ -179,6 +185,10 @@ class Config:
                 ": a Redis Cluster fails over by itself; set CLUSTER or SENTINELS, not both",
             ))  # fmt: skip
         return found
+
+    def named_limits(self) -> Mapping[str, NamedLimit]:
+        """``limits`` as name -> limit (parsed once per distinct value)."""
+        return _named_limits(self.limits)
 
     def task_admission_limits(self) -> dict[str, Rate]:
         """``admission_task_limits`` as task name -> rate."""
@@ -298,3 +308,9 @@ def override(config: Config | None) -> None:
 def current() -> Config:
     """The config in force. The provider is expected to cache."""
     return _override if _override is not None else _provider()
+
+
+@functools.cache
+def _named_limits(entries: tuple[str, ...]) -> Mapping[str, NamedLimit]:
+    # Asked at every push of a task with limit=: parsed once per settings value.
+    return named_limits(entries)

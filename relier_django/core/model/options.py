@@ -8,7 +8,6 @@ See docs/from-celery.md for the whole table.
 from __future__ import annotations
 
 import difflib
-import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -76,22 +75,12 @@ def translate(given: Mapping[str, Any], own: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def admission_rate(admission_limit: str | None, rate_limit: str | None) -> str | None:
-    """The push admission rate, from ``admission_limit=`` or the deprecated
-    ``rate_limit=`` (warned about: Celery's ``rate_limit`` slows execution on each
-    worker; relier's refuses pushes over the rate)."""
-    if rate_limit is None:
-        return admission_limit
-    if admission_limit is not None:
-        raise TypeError("give admission_limit= only (rate_limit= is its deprecated name)")
-    warnings.warn(
-        "@rl_task(rate_limit=...) is deprecated: it is admission control (push() refuses "
-        "work over the rate), not Celery's rate_limit (which slows execution on each "
-        "worker); call it admission_limit=",
-        DeprecationWarning,
-        stacklevel=4,
-    )
-    return rate_limit
+def execution_rate(rate: str | None, rate_limit: str | None) -> str | None:
+    """The execution rate, from ``rate=`` or Celery's ``rate_limit=`` (the same meaning,
+    held across every worker instead of per worker)."""
+    if rate is not None and rate_limit is not None:
+        raise TypeError("give rate= or rate_limit= (Celery's name for it), not both")
+    return rate if rate is not None else rate_limit
 
 
 #: ``apply_async`` options accepted and not needed: Celery beat passes ``producer`` and a

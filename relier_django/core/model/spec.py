@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .idem_key import KeyOption
+from .limits import TaskLimits
 from .rates import Rate
 from .schema import Schema
 
@@ -40,6 +41,9 @@ class TaskSpec:
     # @rl_task(atomic=...): the database alias whose transaction the body runs in, with
     # the fenced inbox's row (relier_django.inbox); None: no transaction.
     atomic: str | None = None
+    # Flow control (@rl_task(concurrency=, concurrency_key=, limit=, rate=)): the slots
+    # and the rate its pushes go through (model/limits.py, docs/flow-control.md).
+    limits: TaskLimits = field(default_factory=TaskLimits)
 
     # Worked out once at decoration: inspect.signature costs tens of microseconds, and
     # every push and every run needs it.

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..broker import publish
 from ..model.envelope import Envelope
+from ..model.limits import Gate
 from ..model.timing import NOW, Timing
 from ..store import scripts
 from ..store.keys import KeySpace
@@ -49,13 +50,17 @@ def store(
     *,
     token: str | None = None,
     when: Timing = NOW,
+    gate: Gate | None = None,
 ) -> scripts.ScriptCall[StoreResult]:
     """push.lua: admit (if limited), claim (if idempotent), store, mint fence 1; with
     ``message`` (the broker's list and the message for it), queue it in the same step.
     ``token`` names this push call (the same for every try of it; a fresh one when
     omitted): :func:`abort` with it undoes the store only if no other call was told
     "stored". ``when``: a countdown or eta stores the task to wait in the schedule
-    index (``StoreResult.scheduled``; nothing is queued), and an expiry with it."""
+    index (``StoreResult.scheduled``; nothing is queued), and an expiry with it.
+    ``gate``: the push's flow control (model/limits.py): the task is stored scheduled,
+    due at once (or at its countdown), for the leader's dispatch to reserve its rate
+    and its slot or park it."""
     idem = keys.idempotency(envelope.task, envelope.idem_key) if envelope.idem_key else None
     queued, payload = (message.keys, message.payload) if message is not None else (None, "")
     return scripts.ScriptCall(
@@ -63,7 +68,7 @@ def store(
         keys.for_push(envelope.id, idem, [limit.key for limit in admission], queued),
         [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms, max_resurrections,
          *admission_args(admission), payload, token or uuid.uuid4().hex,
-         *when.script_args()],
+         *when.script_args(), gate.script_arg() if gate is not None else ""],
         _parse_store,
     )  # fmt: skip
 

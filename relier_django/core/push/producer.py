@@ -28,9 +28,9 @@ import redis.exceptions
 from kombu.exceptions import OperationalError
 
 from ..broker import publish
-from ..model import arguments, config, ids, tracing, workflow
+from ..model import arguments, config, ids, limits, tracing, workflow
 from ..model.envelope import Envelope, decode
-from ..model.errors import AdmissionRejected, DuplicateTaskId, PushFailed
+from ..model.errors import AdmissionRejected, ConfigError, DuplicateTaskId, PushFailed
 from ..model.idem_key import derive_key
 from ..model.spec import TaskSpec
 from ..model.timing import NOW, Timing
@@ -179,6 +179,8 @@ class _Push:
     # A workflow's record (the tasks it names), written when this push is sent, so a
     # rolled-back transaction leaves none.
     record: workflows.Record | None = None
+    # Flow control: the slots and rate this push goes through (None: none apply).
+    gate: limits.Gate | None = None
 
     @classmethod
     def begin(
@@ -200,7 +202,16 @@ class _Push:
         encoded = env.encode(cfg.signer)
         arguments.check_size(spec, args, kwargs, encoded, cfg.arguments_max_bytes)
         record = _record_of(env, position)
-        return cls(cfg, spec, env, encoded, KeySpace.of(cfg), when=when, record=record)
+        keys = KeySpace.of(cfg)
+        gate = limits.gate_of(spec.name, spec.limits, cfg.named_limits(), spec.user_signature(),
+                              args, kwargs)  # fmt: skip
+        if gate is not None and keys.tagged:
+            raise ConfigError(
+                f"{spec.name}: flow control (concurrency=, limit=, rate=) needs an "
+                "unpartitioned store (PARTITIONS = 1, no CLUSTER): a freed slot is handed "
+                "to the next task in the same step, which one server does (docs/flow-control.md)"
+            )
+        return cls(cfg, spec, env, encoded, keys, when=when, record=record, gate=gate)
 
     def store(self, message: publish.Queued | None) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
@@ -210,7 +221,7 @@ class _Push:
         gates = () if self.cfg.cluster else self._limits()
         return idempotency.store(
             self.keys, self.env, self.encoded, grace_ms, limit, gates, message,
-            token=self.token, when=self.when,
+            token=self.token, when=self.when, gate=self.gate,
         )  # fmt: skip
 
     def _limits(self) -> tuple[admission.Limit, ...]:
@@ -278,7 +289,7 @@ class _Push:
         # leader publishes it when due).
         message = (
             None
-            if self.when.delayed
+            if self.when.delayed or self.gate is not None
             else publish.message_for_store(app, self.env, self.encoded, client)
         )
         layout.verify(client, self.keys, target(self.cfg))
@@ -302,7 +313,7 @@ class _Push:
     async def asend_now(self, app: Any, client: Any) -> Receipt:
         """:meth:`send_now` for async code."""
         message = None
-        if not self.when.delayed:
+        if not self.when.delayed and self.gate is None:
             message = await publish.amessage_for_store(app, self.env, self.encoded, client)
         await layout.averify(client, self.keys, target(self.cfg))
         if (check := self.admission_apart()) is not None:

@@ -29,7 +29,8 @@
 --          keeps it, else ''
 -- A run is 'running', or handed off by a draining worker whose body may still run
 -- ('handoff' from 'running' with cause 'drain': handoff.lua marks 'ho_from').
--- RETURNS  1 cancelled before it started (scheduled, queued, handed off unstarted)
+-- A gated task leaves its line if parked, or frees its slot for the next (_limits.lua).
+-- RETURNS  1 cancelled before it started (scheduled, parked, queued, handed off unstarted)
 --          2 cancelled while running: that incarnation is fenced off
 --          0 nothing to cancel: finished (its outcome stands), or unknown
 --          -1 the task moved on since the caller read it (a new incarnation): read
@@ -40,8 +41,9 @@
 -- member filed in the DLQ also 'dlq:cancelled' and the minute's and hour's 'dlq'.
 -- @include _dlq_index
 -- @include _metrics
+-- @include _limits
 local id = ARGV[1]
-local f = redis.call('HMGET', KEYS[1], 'state', 'fence', 'ho_from', 'ho_cause')
+local f = redis.call('HMGET', KEYS[1], 'state', 'fence', 'ho_from', 'ho_cause', 'lim')
 local state = f[1]
 if not state then
   local kept = redis.call('GET', KEYS[5])
@@ -81,6 +83,10 @@ if ARGV[6] ~= '' then
   dlq_index_add(KEYS[8], KEYS[10], KEYS[11], id, ARGV[8], 'cancelled', now_ms)
   metric_count(KEYS[6], 'dlq:cancelled')
   metric_window(KEYS[7], now_ms, 'dlq')
+end
+if f[5] and f[5] ~= '' then
+  -- A parked task leaves its line; one holding a slot frees it for the next (G14).
+  limit_release(limit_prefix(KEYS[3]), KEYS[1], id, string.format('%d', now_ms))
 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('ZREM', KEYS[3], id)

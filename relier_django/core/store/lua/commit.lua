@@ -43,12 +43,14 @@
 --                              naming this member, is there)
 --          {0, current_fence}  rejected: the fence moved (-1: the task is gone); no
 --                              successor is created
+-- A gated task's slot is freed and handed to the next parked task (_limits.lua, G14).
 -- Counts: 'committed' and the minute's and hour's 'ok' once per task; 'stale' per refused
 -- call (a zombie's commit; a client retry of a refused call counts again).
 -- @include _metrics
 -- @include _clock
+-- @include _limits
 local id = ARGV[1]
-local fields = redis.call('HMGET', KEYS[1], 'fence', 'state')
+local fields = redis.call('HMGET', KEYS[1], 'fence', 'state', 'lim')
 if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
   if not fields[1] and redis.call('GET', KEYS[4]) == ARGV[3] then
     -- A replay: whether the first call created the successor is still readable.
@@ -69,6 +71,10 @@ if KEYS[7] and KEYS[7] ~= '' and redis.call('GET', KEYS[7]) == id then
   redis.call('PEXPIRE', KEYS[7], ttl)
 end
 local now_ms, now_text = clock()
+if fields[3] and fields[3] ~= '' then
+  -- Its slot freed, and handed to the next parked task of its scope (G14).
+  limit_release(limit_prefix(KEYS[3]), KEYS[1], id, now_text)
+end
 if KEYS[8] and KEYS[8] ~= '' then
   local history = redis.call('LRANGE', KEYS[2], 0, -1)
   redis.call('RENAME', KEYS[1], KEYS[8])

@@ -28,7 +28,8 @@
 --          'chord') so that deleting the entry gives the chord's state its TTL back
 --          (dlq_delete.lua); '' or absent otherwise
 -- The task's latest checkpoint (field 'partial') moves into the entry, and release.lua
--- gives it to the next incarnation.
+-- gives it to the next incarnation. A gated task's slot is freed and handed to the next
+-- parked task of its scope (_limits.lua, G14).
 -- RETURNS  {1, at_ms}             dead-lettered (a replay of this call after a lost
 --                                 reply, found by its token in the entry, answers the
 --                                 same; so does an unfenced message already filed
@@ -39,17 +40,20 @@
 -- copy of an unfenced message, filed already, is not counted again).
 -- @include _dlq_index
 -- @include _metrics
+-- @include _limits
 local id = ARGV[1]
 local fenced = ARGV[2] ~= ''
+local gated = false
 local filed = redis.call('HMGET', KEYS[6], 'req', 'at_ms')
 if filed[1] == ARGV[13] or (not fenced and filed[2]) then
   return {1, tonumber(filed[2])}
 end
 if fenced then
-  local current = redis.call('HMGET', KEYS[1], 'fence', 'state')
+  local current = redis.call('HMGET', KEYS[1], 'fence', 'state', 'lim')
   if current[1] ~= ARGV[2] or current[2] ~= ARGV[12] then
     return {0, tonumber(current[1]) or -1, current[2] or ''}
   end
+  gated = current[3] and current[3] ~= ''
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -86,6 +90,9 @@ if fenced then
   redis.call('SET', KEYS[4], ARGV[5], 'PX', tonumber(ARGV[6]))
   if KEYS[11] and redis.call('GET', KEYS[11]) == id then
     redis.call('DEL', KEYS[11])
+  end
+  if gated then  -- its slot freed and handed over (G14)
+    limit_release(limit_prefix(KEYS[3]), KEYS[1], id, string.format('%d', now_ms))
   end
   redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('ZREM', KEYS[3], id)

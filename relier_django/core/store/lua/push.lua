@@ -38,6 +38,12 @@
 -- ARGV[11+2n] eta, epoch ms, or '': the task is due then (overrides the countdown)
 -- ARGV[12+2n] expires after, ms from now, or ''; ARGV[13+2n] expires at, epoch ms, or ''
 --             A task not started by then is dead-lettered (reason expired), never run.
+-- ARGV[14+2n] the task's flow-control gate (model/limits.py Gate.script_arg: scope, key,
+--             capacity, rate scope, interval ms, burst ms, tab-separated), or '': a
+--             gated task due at once takes a slot of its scope or, none free, waits
+--             'parked' in its key's line (push order); then, or at its countdown, it
+--             is stored 'scheduled' for the leader's dispatch (schedule_take.lua),
+--             which reserves its rate (and the slot of one due later) (G14; _limits.lua)
 -- A task due later than now is stored 'scheduled' in the schedule index instead of the
 -- expiry index, and not queued (the message, if given, is not pushed): the scanner
 -- leader dispatches it when due (G11). The earliest due time wakes the leader.
@@ -60,12 +66,14 @@
 -- @include _admission
 -- @include _metrics
 -- @include _clock
+-- @include _limits
 local id = ARGV[1]
 local n = tonumber(ARGV[7] or '0')
 local message = ARGV[8 + 2 * n]
 local pusher = 'push:' .. ARGV[9 + 2 * n]
 local countdown, eta = tonumber(ARGV[10 + 2 * n] or ''), tonumber(ARGV[11 + 2 * n] or '')
 local expires_in, expires_at = tonumber(ARGV[12 + 2 * n] or ''), tonumber(ARGV[13 + 2 * n] or '')
+local gate = ARGV[14 + 2 * n] or ''
 local last = #KEYS
 local queue_list, bell
 if message and message ~= '' then
@@ -84,7 +92,8 @@ if redis.call('EXISTS', KEYS[1], KEYS[4], KEYS[5]) > 0 then
       if redis.call('HSETNX', KEYS[1], pusher, '1') == 1 then
         redis.call('HINCRBY', KEYS[1], 'pushers', '1')
       end
-      return {1, id, existing[2] == 'scheduled' and 1 or 0}
+      local waits = existing[2] == 'scheduled' or existing[2] == 'parked'
+      return {1, id, waits and 1 or 0}
     end
     return {-1, id}
   end
@@ -111,11 +120,26 @@ if idem then
 end
 local due = eta or (countdown and now_ms + countdown)
 local scheduled = due ~= nil and due > now_ms
+if gate ~= '' then
+  due, scheduled = math.max(due or now_ms, now_ms), true
+end
 redis.call('HSET', KEYS[1],
   'env', ARGV[2], 'fence', '1', 'state', scheduled and 'scheduled' or 'queued',
   'attempt', '1', 'res', '0', 'name', ARGV[3], 'queue', ARGV[4], 'idem', idem or '',
   'created_ms', now_text, 'maxres', ARGV[6], 'pushers', '1', pusher, '1')
 metric_count(KEYS[8], 'pushed')
+if gate ~= '' then
+  local scope, key, capacity, rate, interval, burst =
+    string.match(gate, '^([^\t]*)\t([^\t]*)\t(%d+)\t([^\t]*)\t(%d+)\t(%d+)$')
+  redis.call('HSET', KEYS[1], 'lim', scope, 'lim_k', key, 'lim_n', capacity, 'rt', rate,
+    'rt_i', interval, 'rt_b', burst)
+  -- Due at once: its slot now, or its place in its key's line, in push order (one due
+  -- later takes its slot when due, at the leader's dispatch).
+  if scope ~= '' and due <= now_ms and not limit_take_slot(limit_prefix(KEYS[3]), KEYS[1],
+      id, scope, key, tonumber(capacity), '1', now_ms) then
+    return {1, id, 1}
+  end
+end
 if due then
   redis.call('HSET', KEYS[1], 'due_ms', ms(due))
 end

@@ -13,7 +13,8 @@
 -- ARGV[6]  history event: JSON object without its opening brace (see start.lua)
 -- ARGV[7]  request token: unique per call, the same in a replay of it
 -- With a countdown, the next incarnation waits in the schedule index ('scheduled'), not
--- in a worker's memory as a countdown message: the scanner leader dispatches it (G11).
+-- in a worker's memory as a countdown message: the scanner leader dispatches it (G11);
+-- so does a task with a rate (field 'rt'), at once, for its dispatch to be reserved.
 -- RETURNS  {1, new_fence, state}  the next incarnation is stored: 'queued', send it now;
 --                                 'scheduled', send nothing (a replay
 --                                 of this call after a lost reply, found by its token,
@@ -23,7 +24,7 @@
 -- next incarnation may start) is what start.lua measures its queue wait from.
 -- @include _metrics
 local id = ARGV[1]
-local fields = redis.call('HMGET', KEYS[1], 'fence', 'state', 'retry_req')
+local fields = redis.call('HMGET', KEYS[1], 'fence', 'state', 'retry_req', 'rt')
 if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
   if fields[3] == ARGV[7] and tonumber(fields[1]) == tonumber(ARGV[2]) + 1 then
     local was = redis.call('HGET', KEYS[1], 'retry_state')
@@ -36,7 +37,13 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 local delay = tonumber(ARGV[4])
-local state = delay > 0 and 'scheduled' or 'queued'
+-- A task with a rate goes through the leader's dispatch again, which reserves the new
+-- attempt's own dispatch time (its slot, if it holds one, it keeps: _limits.lua).
+local rated = fields[4] and fields[4] ~= ''
+local state = (delay > 0 or rated) and 'scheduled' or 'queued'
+if rated then
+  redis.call('HSET', KEYS[1], 'rt_h', '0')
+end
 redis.call('HSET', KEYS[1], 'env', ARGV[3], 'state', state, 'worker', '',
   'retry_req', ARGV[7], 'retry_state', state, 'q_ms', now_ms + delay)
 metric_count(KEYS[6], 'retried')

@@ -16,27 +16,44 @@
 --   {0, 'not_due'}  its due time has not come on the Redis clock
 --   {0, 'gone'}     not scheduled any more (cancelled, or taken by another pass); its
 --                   index entry, if any, is removed
+--   {0, 'parked'}   gated (G14, _limits.lua): no slot of its scope is free; it waits
+--                   in its key's line, handed a slot by the script that frees one
+-- A gated task (fields 'lim' or 'rt') due and not expired goes through its gate first:
+-- its rate may make it due later ({0, 'not_due'}, at its reserved time), its scope may
+-- park it; otherwise it is leased with its slot held.
 -- A replay of this call after a lost reply finds each task it took by the token (field
 -- 'lease') and answers as the first call did.
+-- @include _limits
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = now_ms + tonumber(ARGV[1])
+local prefix = limit_prefix(KEYS[2])
 local replies = {}
 for i = 3, #ARGV do
   local id, hash = ARGV[i], KEYS[i]
   local f = redis.call('HMGET', hash, 'fence', 'env', 'state', 'name', 'queue', 'idem',
-    'expires_ms', 'lease')
+    'expires_ms', 'lease', 'lim', 'rt')
   local expired = (f[7] and tonumber(f[7]) < now_ms) and 1 or 0
   local reply
   if f[8] == ARGV[2] and f[3] == 'queued' then
     reply = {1, tonumber(f[1]), f[2], expired, f[4] or '', f[5] or '', f[6] or ''}
+  elseif f[3] == 'parked' then
+    -- Parked by this call before (a replay) or another pass: a freed slot dispatches it.
+    redis.call('ZREM', KEYS[1], id)
+    reply = {0, 'parked'}
   elseif not f[1] or f[3] ~= 'scheduled' then
     redis.call('ZREM', KEYS[1], id)
     reply = {0, 'gone'}
   else
     local due = redis.call('ZSCORE', KEYS[1], id)
-    if not due or tonumber(due) > now_ms then
+    local verdict = 'go'
+    if due and tonumber(due) <= now_ms and expired == 0 and ((f[9] or '') ~= '' or (f[10] or '') ~= '') then
+      verdict = limit_gate(prefix, hash, id, now_ms)
+    end
+    if not due or tonumber(due) > now_ms or verdict == 'later' then
       reply = {0, due and 'not_due' or 'gone'}
+    elseif verdict == 'parked' then
+      reply = {0, 'parked'}
     else
       redis.call('HSET', hash, 'state', 'queued', 'lease', ARGV[2])
       redis.call('ZREM', KEYS[1], id)
