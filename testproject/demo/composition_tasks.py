@@ -1,10 +1,12 @@
 """The tasks of the composition matrix (tests/composition/, docs/chaos.md, "The
 composition matrix").
 
-One body, declared four ways: plain or ``idempotent``, with or without the fenced inbox
-(``atomic=True``). What a task's first incarnation does is one of its arguments
-(``first``), so a cell's fault travels with its call and an idempotent duplicate
-carries the same one:
+One body, declared twelve ways: plain or ``idempotent``, with or without the fenced
+inbox (``atomic=True``), and with no flow control, ``concurrency=1`` per cell or a
+``rate`` per cell (each keyed by the call's label, so one cell's tasks share a slot
+or a rate and no cell waits for another's). What a task's first incarnation does is
+one of its arguments (``first``), so a cell's fault travels with its call and an
+idempotent duplicate carries the same one:
 
 - ``""``: run and commit;
 - ``"retry"``: raise :class:`Flaky` (in ``retry_on``) on the first attempt, then succeed;
@@ -120,6 +122,46 @@ def work_atomic(ctx: TaskContext, label: str, first: str = "") -> dict[str, Any]
 @rl_task(name="compose.work_idem_atomic", idempotent=True, atomic=True, **_OPTIONS)
 def work_idem_atomic(ctx: TaskContext, label: str, first: str = "") -> dict[str, Any]:
     return _in_database(ctx, label, first)
+
+
+# Flow control per cell (docs/flow-control.md): keyed by the label, so the cell's own
+# task, its twin and its periodic ticks share one slot (one at a time, in push order)
+# or one rate (the second of two pushes in a row waits for its turn).
+FLOWS: dict[str, dict[str, Any]] = {
+    "concurrency": {"concurrency": 1, "concurrency_key": "label"},
+    "rate": {"rate": "1/s", "concurrency_key": "label"},
+}
+
+
+def _declare(idempotent: bool, atomic: bool, flow: str) -> Any:
+    suffix = "".join(f"_{part}" for part in ("idem" * idempotent, "atomic" * atomic, flow) if part)
+
+    def body(ctx: TaskContext, label: str, first: str = "") -> dict[str, Any]:
+        return (_in_database if atomic else _in_redis)(ctx, label, first)
+
+    body.__name__ = body.__qualname__ = f"work{suffix}"
+    options = dict(_OPTIONS, **FLOWS[flow])
+    return rl_task(name=f"compose.work{suffix}", idempotent=idempotent, atomic=atomic, **options)(
+        body
+    )
+
+
+_DECLARED = {
+    (False, False, ""): work,
+    (True, False, ""): work_idem,
+    (False, True, ""): work_atomic,
+    (True, True, ""): work_idem_atomic,
+} | {
+    (idempotent, atomic, flow): _declare(idempotent, atomic, flow)
+    for idempotent in (False, True)
+    for atomic in (False, True)
+    for flow in FLOWS
+}
+
+
+def declared(idempotent: bool, atomic: bool, flow: str) -> Any:
+    """The task a cell with these values calls."""
+    return _DECLARED[idempotent, atomic, flow]
 
 
 # --- the other tasks of a cell's workflow: plain, no fault of their own ----------------

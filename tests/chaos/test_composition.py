@@ -2,7 +2,7 @@
 and PostgreSQL, over the explicit matrix below (docs/chaos.md, "The composition
 matrix").
 
-    trigger x idempotency x transaction x fate
+    trigger x idempotency x transaction x fate x flow
 
 Each cell holds one invariant (tests/composition/case.py): every push ends in exactly
 one commit, or exactly one DLQ entry with a reason, or the documented cancelled
@@ -45,6 +45,7 @@ from tests.composition.matrix import (
     Cell,
     Exclusion,
     Fate,
+    Flow,
     Idempotency,
     Matrix,
     Transaction,
@@ -105,6 +106,14 @@ FATES = [
         workflow_queue=LOSSY_QUEUE, join=fates.arm_lost_replies,
     ),
 ]
+FLOWS = [
+    Flow("unlimited", "", "no flow control"),
+    Flow(
+        "concurrency", "concurrency",
+        "concurrency=1 keyed by the cell: its tasks take the one slot in turn, in push order",
+    ),
+    Flow("rate", "rate", "rate='1/s' keyed by the cell: a second push waits for its turn"),
+]
 EXCLUDED = [
     Exclusion(
         {"trigger": "periodic tick", "transaction": "outbox"},
@@ -122,7 +131,7 @@ EXCLUDED = [
     ),
 ]
 # fmt: on
-MATRIX = Matrix(TRIGGERS, IDEMPOTENCY, TRANSACTIONS, FATES, EXCLUDED)
+MATRIX = Matrix(TRIGGERS, IDEMPOTENCY, TRANSACTIONS, FATES, FLOWS, EXCLUDED)
 
 PLAN = sampling.plan()
 CHOSEN = MATRIX.chosen(PLAN)
@@ -175,7 +184,7 @@ def test_nothing_is_left_in_flight_or_behind(campaign):
 def test_a_reused_task_id_runs_the_new_tasks_body(lab, transaction_):
     # A caller-chosen id is free again once its outcome is gone (RESULT_TTL_S passed:
     # here its result key is deleted). A push under it is a new task: its own body runs.
-    cell = Cell(TRIGGERS[0], IDEMPOTENCY[0], transaction_, FATES[0])
+    cell = Cell(TRIGGERS[0], IDEMPOTENCY[0], transaction_, FATES[0], FLOWS[0])
     task_id = f"reused.{transaction_.name}.{uuid.uuid4().hex[:6]}"
     labels = [f"{task_id}.first", f"{task_id}.second"]
     results = []

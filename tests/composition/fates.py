@@ -21,7 +21,7 @@ from relier_django import dlq as relier_dlq
 if TYPE_CHECKING:
     from .case import Case
 
-UNSTARTED = ("queued", "scheduled")
+UNSTARTED = ("queued", "scheduled", "parked")  # parked: waiting for a flow-control slot
 
 
 def nothing(case: Case) -> None:

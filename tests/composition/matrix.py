@@ -4,10 +4,10 @@ out. The matrix itself, its axes and its exclusions, is written out in
 
 An axis is a list of named values; a value is a small frozen object that says what it
 does: a trigger pushes and a fate injects its fault, through the functions of
-``triggers.py`` and ``fates.py``; idempotency and transaction choose the task called and
-where its push is made. A cell takes one value of each axis (:class:`Cell`, in the
-axes' order). A combination that cannot mean anything is an :class:`Exclusion` with
-its reason, never dropped silently.
+``triggers.py`` and ``fates.py``; idempotency, transaction and flow choose the task
+called (its options) and where its push is made. A cell takes one value of each axis
+(:class:`Cell`, in the axes' order). A combination that cannot mean anything is an
+:class:`Exclusion` with its reason, never dropped silently.
 """
 
 from __future__ import annotations
@@ -48,6 +48,13 @@ class Transaction:
 
 
 @dataclass(frozen=True)
+class Flow:
+    name: str
+    variant: str  # the task's flow control: "" (none), "concurrency" or "rate"
+    summary: str
+
+
+@dataclass(frozen=True)
 class Trigger:
     name: str
     # Makes the cell's pushes; yields after each wave (a periodic entry's ticks come one
@@ -83,9 +90,10 @@ class Cell:
     idempotency: Idempotency
     transaction: Transaction
     fate: Fate
+    flow: Flow
 
     def values(self) -> tuple[Any, ...]:
-        return (self.trigger, self.idempotency, self.transaction, self.fate)
+        return (self.trigger, self.idempotency, self.transaction, self.fate, self.flow)
 
     def __str__(self) -> str:
         return ", ".join(v.name for v in self.values())
@@ -97,13 +105,9 @@ class Cell:
     @property
     def task(self) -> Any:
         """The ``@rl_task`` this cell's call is made to."""
-        by = {
-            (False, False): tasks.work,
-            (True, False): tasks.work_idem,
-            (False, True): tasks.work_atomic,
-            (True, True): tasks.work_idem_atomic,
-        }
-        return by[self.idempotency.idempotent, self.transaction.atomic]
+        return tasks.declared(
+            self.idempotency.idempotent, self.transaction.atomic, self.flow.variant
+        )
 
 
 @dataclass(frozen=True)
@@ -130,12 +134,12 @@ class Matrix:
     idempotency: list[Idempotency]
     transaction: list[Transaction]
     fate: list[Fate]
+    flow: list[Flow]
     excluded: list[Exclusion]
 
     def axes(self) -> dict[str, list[Any]]:
-        return {
-            name: getattr(self, name) for name in ("trigger", "idempotency", "transaction", "fate")
-        }
+        names = ("trigger", "idempotency", "transaction", "fate", "flow")
+        return {name: getattr(self, name) for name in names}
 
     def _every(self) -> list[Cell]:
         return [Cell(*values) for values in itertools.product(*self.axes().values())]

@@ -154,6 +154,37 @@ def test_a_retry_keeps_its_key_s_slot_so_the_key_stays_in_order(worker_factory, 
     assert ("k0", 1) in runs and ("k0", 2) in runs
 
 
+def test_a_workflow_step_created_by_a_commit_waits_for_its_slot(worker_factory, redis_client):
+    """A chain's next step is created by its predecessor's commit (commit.lua), not by a
+    push: it goes through its own limit all the same, so it waits while another task of
+    its key holds the one slot."""
+    from celery import chain
+
+    from relier_django import result
+
+    worker_factory(concurrency=4)
+    blocker = limit_tasks.sequence.push(RUN, "w", "blocker", 1.0)
+    _wait_for_start(redis_client, "blocker")
+    steps = chain(
+        limit_tasks.per_key.si(RUN, "z", "head", 0.0),
+        limit_tasks.sequence.si(RUN, "w", "step", 0.0),
+    ).apply_async()
+    assert result(steps.id).get(timeout=30) == "step"
+    assert blocker.get(timeout=30) == "blocker"
+    records = _records(redis_client)
+    assert _most_at_once(records)["w"] == 1, records
+    starts = [label for kind, _, label, _, _ in records if kind == "start"]
+    assert starts.index("step") > starts.index("blocker")
+    _no_limit_keys_left(redis_client)
+
+
+def _wait_for_start(client: redis.Redis, label: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(r[0] == "start" and r[2] == label for r in _records(client)):
+        assert time.monotonic() < deadline, f"{label} did not start in {timeout_s} s"
+        time.sleep(0.02)
+
+
 def test_a_rate_holds_across_workers(worker_factory, redis_client):
     """20/s with a burst of 20: 60 tasks take at least two seconds past the first 20."""
     worker_factory(concurrency=4)
@@ -162,10 +193,14 @@ def test_a_rate_holds_across_workers(worker_factory, redis_client):
         limit_tasks.rated.push(RUN, f"r{i}")
     _wait_for(redis_client, 60)
     starts = sorted(ms for kind, _, _, _, ms in _records(redis_client) if kind == "start")
-    # Within any 1 s, at most 20 + 20 (a window's burst and its steady flow).
+    # Dispatched: within any 1 s at most 20 + 20 (a window's burst and its steady
+    # flow). These are start times, a worker's pick-up later than the dispatch: a
+    # start of the burst delayed by a busy machine shares a second with two more of
+    # the flow, hence 42 (without the rate, all 60 would start within a second; with a
+    # rate per worker as Celery's, 2 x 40).
     for i, at in enumerate(starts):
         within = sum(1 for other in starts[i:] if other < at + 1000)
-        assert within <= 40, (i, within)
+        assert within <= 42, (i, within)
     assert starts[-1] - starts[0] >= 1900  # 40 past the burst, at 50 ms each
 
 

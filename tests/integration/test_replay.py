@@ -434,6 +434,22 @@ def commit_hands_over(cfg: config.Config, client: redis.Redis) -> Any:
     return fencing.commit(_keys(cfg), env, record, 60_000).run(client)
 
 
+def commit_gated_successor(cfg: config.Config, client: redis.Redis) -> Any:
+    """A chain step's commit creates a next step with flow control: it waits parked
+    behind the scope's holder (never queued by the commit)."""
+    _holder(cfg, client)
+    env = _started(cfg, client)
+    record = outcome.succeeded(3, env.fence)
+    nxt = Envelope(
+        id="replay-next", task="demo.step_add", args=(3, 4), created_ms=1, workflow=env.id
+    )
+    successor = fencing.Successor(nxt, nxt.encode(), None, 60_000, 3,
+                                  gate=ONE_SLOT.script_arg())  # fmt: skip
+    done = fencing.commit(_keys(cfg), env, record, 60_000, successor=successor).run(client)
+    assert client.hget(_keys(cfg).task(nxt.id), "state") == "parked"
+    return done
+
+
 def dead_letter_hands_over(cfg: config.Config, client: redis.Redis) -> Any:
     env = _holding(cfg, client)
     failure = Failure(Reason.EXCEPTION, "ValueError", "boom", worker="w1@host:1")
@@ -544,12 +560,14 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "schedule_take+gate": ("schedule_take", Case(schedule_take_gated)),
     "schedule_take+parks": ("schedule_take", Case(schedule_take_parks)),
     "commit+hands_over": ("commit", Case(commit_hands_over)),
+    "commit+gated_successor": ("commit", Case(commit_gated_successor)),
     "dead_letter+hands_over": ("dead_letter", Case(dead_letter_hands_over)),
     "cancel+parked": ("cancel", Case(cancel_parked)),
 }
 # Flow control runs on an unpartitioned store only (model/limits.py refuses it at push).
 _UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_take+parks",
-                  "commit+hands_over", "dead_letter+hands_over", "cancel+parked"}  # fmt: skip
+                  "commit+hands_over", "commit+gated_successor", "dead_letter+hands_over",
+                  "cancel+parked"}  # fmt: skip
 
 
 def _script_names() -> list[str]:

@@ -10,7 +10,7 @@ import pytest
 
 from relier_django.core.dlq.entries import Summary
 from relier_django.core.store.keys import KeySpace
-from tests.chaos.test_composition import FATES, IDEMPOTENCY, TRANSACTIONS, TRIGGERS
+from tests.chaos.test_composition import FATES, FLOWS, IDEMPOTENCY, TRANSACTIONS, TRIGGERS
 from tests.composition.case import Case
 from tests.composition.lab import State
 from tests.composition.matrix import Cell
@@ -52,7 +52,7 @@ class Evidence:
 def checked(evidence: Evidence, fate: str, trigger: str = "direct push", **tasks: dict) -> list:
     cell = Cell(
         value(TRIGGERS, trigger), value(IDEMPOTENCY, "plain"), value(TRANSACTIONS, "none"),
-        value(FATES, fate),
+        value(FATES, fate), FLOWS[0],
     )  # fmt: skip
     case = Case(cell, evidence, "run")  # type: ignore[arg-type]
     case.killed, case.released = {"x:1"}, {("x", 1)}  # the fault landed
@@ -145,7 +145,7 @@ def test_a_fault_that_never_landed_fails_the_cell():
     evidence.made["t"] = [1]
     cell = Cell(
         value(TRIGGERS, "direct push"), value(IDEMPOTENCY, "plain"), value(TRANSACTIONS, "none"),
-        value(FATES, "pool process killed"),
+        value(FATES, "pool process killed"), FLOWS[0],
     )  # fmt: skip
     case = Case(cell, evidence, "run")  # type: ignore[arg-type]
     case.follow("t", "the task", own=True)

@@ -344,6 +344,7 @@ class KeySpace:
             f"{self._admission}:*",
             self.lock_by("*"),
             self._pattern("rcpt:*"),
+            self._pattern("lim:*:tat"),  # a rate's next emission time (_limits.lua)
         )
 
     def owned_patterns(self) -> tuple[str, ...]:

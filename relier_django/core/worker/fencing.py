@@ -119,6 +119,7 @@ class Successor:
     chord: str | None = None
     index: int = 0
     result: str = "null"
+    gate: str = ""  # its flow control (limits.Gate.script_arg), '' for none
 
 
 def commit(
@@ -142,6 +143,10 @@ def commit(
              successor.max_resurrections, message.payload if message else ""]  # fmt: skip
     if successor.chord is not None:
         args += [successor.index, successor.result, chords.KEEP_MS]
+    if successor.gate:
+        if successor.chord is None:
+            args += ["", "", ""]  # ARGV[12..14] are a chord member's
+        args.append(successor.gate)
     return scripts.ScriptCall(
         scripts.COMMIT,
         keys.for_commit(

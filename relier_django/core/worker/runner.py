@@ -30,7 +30,7 @@ from typing import Any
 
 from ..broker import publish
 from ..dlq import dead_letter as dlq
-from ..model import outcome, tracing, workflow
+from ..model import limits, outcome, tracing, workflow
 from ..model.backoff import backoff_s
 from ..model.config import Config
 from ..model.envelope import Envelope, decode
@@ -67,6 +67,9 @@ class _Commit:
     # argument; a chord's callback, once the header is complete), encoded.
     following: workflow.Next | None = None
     encoded: str = ""
+    # The successor's flow control (its gate's script argument, '' for none): a gated
+    # successor is stored to wait for its slot or its rate, never queued by the commit.
+    gate: str = ""
 
     @property
     def successor(self) -> Envelope | None:
@@ -181,7 +184,7 @@ class Runner:
         if isinstance(action, _Commit):  # the common case: no crossing to the loop
             client = sync_client(self.config)
             message = None
-            if action.successor is not None:
+            if action.successor is not None and not action.gate:
                 message = publish.message_for_store(
                     self.app, action.successor, action.encoded, client
                 )
@@ -191,7 +194,7 @@ class Runner:
             ).run(client)  # fmt: skip
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 checkpoint.remove_files(self.config.checkpoint_dir, env.id)
-            if done.accepted and done.value == 1 and message is None:
+            if done.accepted and done.value == 1 and message is None and not action.gate:
                 event_loop.run(self._publish_successor(action))
             self._after_commit(env, done, client)
             return self._commit_ended(env, done, result)
@@ -330,7 +333,24 @@ class Runner:
             )
         if nxt is None:
             return _Commit(record)
-        return _Commit(record, nxt, nxt.env.encode(self.signer))
+        try:
+            gate = self._gate(nxt.env)
+        except ValueError as exc:  # a ConfigError too: a limit= the settings lack
+            detail = f"the workflow's next step {nxt.env.task} cannot be gated: {exc}"
+            return _Dead(Failure(Reason.MALFORMED_MESSAGE, type(exc).__name__, detail,
+                                 worker=self.worker))  # fmt: skip
+        return _Commit(record, nxt, nxt.env.encode(self.signer), gate)
+
+    def _gate(self, nxt: Envelope) -> str:
+        """The successor's flow-control gate, as commit.lua takes it ('' for none). On
+        a partitioned store, where flow control is refused at push, a workflow's later
+        step runs ungated (docs/flow-control.md)."""
+        spec = getattr(self.app.tasks.get(nxt.task), "relier_spec", None)
+        if spec is None or not spec.limits or self.keys.tagged:
+            return ""
+        found = limits.gate_of(spec.name, spec.limits, self.config.named_limits(),
+                               spec.user_signature(), nxt.args, nxt.kwargs)  # fmt: skip
+        return "" if found is None else found.script_arg()
 
     def _successor(
         self, action: _Commit, message: publish.Queued | None
@@ -344,7 +364,7 @@ class Runner:
         return fencing.Successor(
             nxt, action.encoded, message, int(self.config.queued_grace_s * 1000),
             self.config.max_resurrections if limit is None else limit,
-            following.chord, following.index, outcome.result_json(action.record),
+            following.chord, following.index, outcome.result_json(action.record), action.gate,
         )  # fmt: skip
 
     def _after_commit(self, env: Envelope, done: Transition, client: Any) -> None:
@@ -373,7 +393,7 @@ class Runner:
     ) -> Ended:
         if isinstance(action, _Commit):
             message = None
-            if action.successor is not None:
+            if action.successor is not None and not action.gate:
                 message = await publish.amessage_for_store(
                     self.app, action.successor, action.encoded, self.client
                 )
@@ -383,7 +403,7 @@ class Runner:
             ).arun(self.client)  # fmt: skip
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
-            if done.accepted and done.value == 1 and message is None:
+            if done.accepted and done.value == 1 and message is None and not action.gate:
                 await self._publish_successor(action)
             if env.header:
                 await asyncio.to_thread(self._after_commit, env, done, sync_client(self.config))

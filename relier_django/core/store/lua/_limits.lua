@@ -67,6 +67,16 @@ local function limit_hand_over(prefix, scope, capacity, now_text)
   return handed
 end
 
+-- A push's gate (model/limits.py Gate.script_arg: its fields joined by tabs) written
+-- into the task's hash. Returns the slots' scope ('' for none), the key and capacity.
+local function limit_store_gate(hash, gate)
+  local scope, key, capacity, rate, interval, burst =
+    string.match(gate, '^([^\t]*)\t([^\t]*)\t(%d+)\t([^\t]*)\t(%d+)\t(%d+)$')
+  redis.call('HSET', hash, 'lim', scope, 'lim_k', key, 'lim_n', capacity, 'rt', rate,
+    'rt_i', interval, 'rt_b', burst)
+  return scope, key, tonumber(capacity)
+end
+
 -- A task's end: its slot (if it holds one) freed and handed over; a parked task taken
 -- out of its key's line. Call before the task's hash is deleted.
 local function limit_release(prefix, hash, id, now_text)

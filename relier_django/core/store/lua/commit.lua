@@ -43,6 +43,11 @@
 --                              naming this member, is there)
 --          {0, current_fence}  rejected: the fence moved (-1: the task is gone); no
 --                              successor is created
+-- ARGV[15] the successor's flow-control gate ('' or absent: none; model/limits.py
+--          Gate.script_arg, ARGV[12..14] '' for a chain's): a gated successor is stored
+--          as push.lua stores a gated push, never queued here: it takes a slot of its
+--          scope or waits in its key's line, and the scanner leader dispatches it
+--          through its rate (schedule_take.lua), so a workflow's step keeps its limits.
 -- A gated task's slot is freed and handed to the next parked task (_limits.lua, G14).
 -- Counts: 'committed' and the minute's and hour's 'ok' once per task; 'stale' per refused
 -- call (a zombie's commit; a client retry of a refused call counts again).
@@ -111,10 +116,21 @@ if next_id and redis.call('EXISTS', KEYS[9]) == 0 and redis.call('EXISTS', KEYS[
     'env', ARGV[6], 'fence', '1', 'state', 'queued', 'attempt', '1', 'res', '0',
     'name', ARGV[7], 'queue', ARGV[8], 'idem', '', 'created_ms', now_text,
     'maxres', ARGV[10], 'pushers', '1')
-  redis.call('ZADD', KEYS[3], ms(now_ms + tonumber(ARGV[9])), next_id)
-  if ARGV[11] ~= '' then
-    redis.call('LPUSH', KEYS[11], ARGV[11])
-    redis.call('ZADD', KEYS[12], '0', 'ring')
+  local gate = ARGV[15] or ''
+  if gate ~= '' then
+    local scope, key, capacity = limit_store_gate(KEYS[9], gate)
+    redis.call('HSET', KEYS[9], 'due_ms', now_text)
+    local prefix = limit_prefix(KEYS[3])
+    if scope == '' or limit_take_slot(prefix, KEYS[9], next_id, scope, key, capacity, '1',
+        now_ms) then
+      limit_schedule(prefix, KEYS[9], next_id, now_text)
+    end
+  else
+    redis.call('ZADD', KEYS[3], ms(now_ms + tonumber(ARGV[9])), next_id)
+    if ARGV[11] ~= '' then
+      redis.call('LPUSH', KEYS[11], ARGV[11])
+      redis.call('ZADD', KEYS[12], '0', 'ring')
+    end
   end
   metric_count(KEYS[5], 'pushed')
   created = 1

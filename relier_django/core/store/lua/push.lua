@@ -129,14 +129,11 @@ redis.call('HSET', KEYS[1],
   'created_ms', now_text, 'maxres', ARGV[6], 'pushers', '1', pusher, '1')
 metric_count(KEYS[8], 'pushed')
 if gate ~= '' then
-  local scope, key, capacity, rate, interval, burst =
-    string.match(gate, '^([^\t]*)\t([^\t]*)\t(%d+)\t([^\t]*)\t(%d+)\t(%d+)$')
-  redis.call('HSET', KEYS[1], 'lim', scope, 'lim_k', key, 'lim_n', capacity, 'rt', rate,
-    'rt_i', interval, 'rt_b', burst)
+  local scope, key, capacity = limit_store_gate(KEYS[1], gate)
   -- Due at once: its slot now, or its place in its key's line, in push order (one due
   -- later takes its slot when due, at the leader's dispatch).
   if scope ~= '' and due <= now_ms and not limit_take_slot(limit_prefix(KEYS[3]), KEYS[1],
-      id, scope, key, tonumber(capacity), '1', now_ms) then
+      id, scope, key, capacity, '1', now_ms) then
     return {1, id, 1}
   end
 end
