@@ -517,8 +517,8 @@ def _inline_context(
         queue=(request.delivery_info or {}).get("routing_key") or spec.queue or "",
         is_eager=eager, called_directly=bool(request.called_directly) and not eager,
     )  # fmt: skip
-    # Eager mode reads what the body's retry() decided from here (push/eager.py).
-    request._relier_ctx = ctx
+    if eager:  # eager mode reads what the body's retry() decided from here (push/eager.py)
+        request._relier_ctx = ctx
     return ctx
 
 

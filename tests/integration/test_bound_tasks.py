@@ -8,6 +8,7 @@ The tasks (testproject/demo/bound_tasks.py) record what each run saw of
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -95,3 +96,14 @@ def test_retry_with_throw_false_retries_when_the_body_returns(mode, redis_client
     receipt = bound_tasks.quiet_retry.push("q1")
     assert receipt.get(timeout=60) == "run 2"
     assert [r["fence"] for r in seen(redis_client, "q1")] == [1, 2]
+
+
+def test_an_async_bound_task_retries_from_apush_in_eager_mode(redis_client):
+    async def view() -> Any:
+        receipt = await bound_tasks.aretrying.apush("ap1", 1)
+        return await receipt.aget(timeout=30)
+
+    with testing.eager():
+        assert asyncio.run(view()) == {"retries": 1, "note": "", "fence": 2}
+    runs = seen(redis_client, "ap1")
+    assert [(r["attempt"], r["fence"], r["is_eager"]) for r in runs] == [(1, 1, True), (2, 2, True)]
