@@ -73,3 +73,20 @@ def quiet_retry(self: Any, label: str) -> str:
         self.retry(countdown=0, throw=False)
         return "first run: not committed"
     return f"run {runs}"
+
+
+@rl_task(name="demo.bound.hopeless_retry_on", bind=True, retry_on=(TimeoutError,), max_retries=3)
+def hopeless_retry_on(self: Any, label: str) -> None:
+    """``self.retry(exc=, max_retries=1)`` with an exception ``retry_on`` names: once
+    the call's limit is used up, the exception is not retried again by ``retry_on``
+    (whose limit, the task's, has retries left)."""
+    _seen(self, label)
+    raise self.retry(exc=TimeoutError(f"{label}: still down"), countdown=0.2, max_retries=1)
+
+
+@rl_task(name="demo.bound.autoretry_kwargs", bind=True, autoretry_for=(KeyError,),
+         max_retries=5, retry_kwargs={"max_retries": 1, "countdown": 0.2})  # fmt: skip
+def autoretry_kwargs(self: Any, label: str) -> None:
+    """Celery's ``retry_kwargs``: its ``max_retries`` bounds ``autoretry_for``."""
+    _seen(self, label)
+    raise KeyError(label)

@@ -107,3 +107,18 @@ def test_an_async_bound_task_retries_from_apush_in_eager_mode(redis_client):
         assert asyncio.run(view()) == {"retries": 1, "note": "", "fence": 2}
     runs = seen(redis_client, "ap1")
     assert [(r["attempt"], r["fence"], r["is_eager"]) for r in runs] == [(1, 1, True), (2, 2, True)]
+
+
+@pytest.mark.parametrize(
+    "task",
+    [bound_tasks.hopeless_retry_on, bound_tasks.autoretry_kwargs],
+    ids=["self.retry-exhausted-inside-retry_on", "retry_kwargs-max_retries"],
+)
+def test_the_retry_limit_holds_whoever_retries(mode, redis_client, task):
+    """self.retry()'s exhausted exception is not retried again by retry_on, and
+    retry_kwargs' max_retries bounds autoretry_for: retries_exhausted either way."""
+    receipt = task.push("lim")
+    with pytest.raises(TaskFailed) as err:
+        receipt.get(timeout=60)
+    assert err.value.reason == "retries_exhausted"
+    assert [r["attempt"] for r in seen(redis_client, "lim")] == [1, 2]
