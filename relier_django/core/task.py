@@ -18,6 +18,7 @@ from .model import options as options_mod
 from .model.errors import TaskFailed
 from .model.idem_key import KeyOption
 from .model.rates import Rate
+from .model.request import Request, RetryPolicy
 from .model.schema import Migration, Schema
 from .model.spec import TaskSpec
 from .model.timing import timing
@@ -386,13 +387,22 @@ def rl_task(
             ``atomic`` on an ``async def`` task.
     """
     ours: dict[str, Any] = {"soft_timeout": soft_timeout, "hard_timeout": hard_timeout,
-                            "retry_on": retry_on, "retry_backoff": retry_backoff}  # fmt: skip
+                            "retry_on": retry_on, "retry_backoff": retry_backoff,
+                            "retry_jitter": None, "retry_kwargs": None,
+                            "default_retry_delay": None}  # fmt: skip
     for option, value in options_mod.translate(celery_options, _OWN_OPTIONS).items():
         if ours[option] not in (None, ()):
             raise TypeError(f"@rl_task got {option}= under two names (Celery's and relier's)")
         ours[option] = tuple(value) if option == "retry_on" else value
     soft_timeout, hard_timeout = ours["soft_timeout"], ours["hard_timeout"]
     retry_on, retry_backoff = ours["retry_on"], ours["retry_backoff"]
+    # Celery's own retry options, under Celery's names only (docs/from-celery.md).
+    celery_retry: dict[str, Any] = {
+        "retry_jitter": ours["retry_jitter"] is not False,
+        "retry_kwargs": ours["retry_kwargs"] or {},
+    }
+    if ours["default_retry_delay"] is not None:
+        celery_retry["default_retry_delay_s"] = ours["default_retry_delay"]
     flow = limits_mod.check_options(
         concurrency, concurrency_key, limit, options_mod.execution_rate(rate, rate_limit)
     )
@@ -434,7 +444,7 @@ def rl_task(
             retry_backoff_s=retry_backoff, retry_backoff_max_s=retry_backoff_max,
             soft_timeout_s=soft_timeout, hard_timeout_s=hard_timeout,
             on_soft_timeout=on_soft_timeout, admission_limit=own_rate, schema=schema,
-            bind=bind, keep_trail=keep_trail, atomic=alias, limits=flow,
+            bind=bind, keep_trail=keep_trail, atomic=alias, limits=flow, **celery_retry,
         )  # fmt: skip
         limits_mod.check_key_argument(flow, spec.user_signature(), task_name)
         hooks.connect()
@@ -475,10 +485,7 @@ def _make_body(func: Callable[..., Any]) -> Callable[..., Any]:
     def body(self: RelierTask, *args: Any, **kwargs: Any) -> Any:
         spec = self.relier_spec
         if spec.wants_context:
-            # apply() and eager runs carry an id and a retry count in the request.
-            request = self.request
-            ctx = TaskContext.inline(spec.name, request.id, (request.retries or 0) + 1)
-            return func(ctx, *args, **kwargs)
+            return func(_inline_context(self, spec, args, kwargs), *args, **kwargs)
         return func(*args, **kwargs)
 
     body.__name__ = func.__name__
@@ -486,6 +493,33 @@ def _make_body(func: Callable[..., Any]) -> Callable[..., Any]:
     body.__module__ = func.__module__
     body.__doc__ = func.__doc__
     return body
+
+
+def _inline_context(
+    task: RelierTask, spec: TaskSpec, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> TaskContext:
+    """The context of a body run in this process. ``apply()`` and eager runs carry an
+    id and a retry count in Celery's request: the attempt, and the fence a worker's
+    incarnation would hold (it grows with each retry); a direct call has neither."""
+    request = task.request
+    attempt = (request.retries or 0) + 1
+    eager = bool(request.is_eager)
+    policy = None
+    if eager:  # a direct call's retry() raises at once: no policy to read
+        limit = spec.max_retries if spec.max_retries is not None else config.current().max_retries
+        policy = RetryPolicy(limit, spec.default_retry_delay_s)
+    ctx = TaskContext.inline(
+        spec.name, request.id, attempt, fence_token=attempt if eager else 0, retry_policy=policy
+    )
+    ctx._request = Request(
+        ctx.task_id, spec.name, attempt - 1, args, kwargs,
+        hostname=ctx.worker.rpartition(":")[0],
+        queue=(request.delivery_info or {}).get("routing_key") or spec.queue or "",
+        is_eager=eager, called_directly=bool(request.called_directly) and not eager,
+    )  # fmt: skip
+    if eager:  # eager mode reads what the body's retry() decided from here (push/eager.py)
+        request._relier_ctx = ctx
+    return ctx
 
 
 _OWN_OPTIONS = tuple(p for p in inspect.signature(rl_task).parameters if p != "celery_options")

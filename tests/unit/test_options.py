@@ -19,6 +19,7 @@ def test_celery_names_with_the_same_meaning_are_translated():
         "soft_timeout": 5,
         "hard_timeout": 9,
         "retry_backoff": 1.0,
+        "retry_jitter": True,
     }
 
 
@@ -28,10 +29,39 @@ def test_an_unknown_option_names_the_nearest_one():
 
 
 def test_a_celery_option_with_another_meaning_says_what_to_do_instead():
-    with pytest.raises(TypeError, match=r"'default_retry_delay' is not supported.*retry_backoff="):
-        options.translate({"default_retry_delay": 3}, ())
-    with pytest.raises(TypeError, match=r"retry_jitter=False"):
-        options.translate({"retry_jitter": False}, ())
+    with pytest.raises(TypeError, match=r"'serializer' is not supported.*JSON envelopes"):
+        options.translate({"serializer": "pickle"}, ())
+
+
+def test_celery_s_retry_options_keep_their_meaning():
+    """default_retry_delay (self.retry()'s delay), retry_jitter and retry_kwargs
+    (retry_on's limit and fixed countdown), as Celery means them (issue 39)."""
+    got = options.translate(
+        {"default_retry_delay": 3, "retry_jitter": False,
+         "retry_kwargs": {"max_retries": 5, "countdown": 2}},
+        (),
+    )  # fmt: skip
+    assert got == {
+        "default_retry_delay": 3.0,
+        "retry_jitter": False,
+        "retry_kwargs": {"max_retries": 5, "countdown": 2.0},
+    }
+    with pytest.raises(TypeError, match=r"default_retry_delay= takes seconds"):
+        options.translate({"default_retry_delay": -1}, ())
+    with pytest.raises(TypeError, match=r"retry_kwargs=\{'queue': \.\.\.\} is not supported"):
+        options.translate({"retry_kwargs": {"queue": "x"}}, ())
+    with pytest.raises(TypeError, match=r"max_retries takes an int"):
+        options.translate({"retry_kwargs": {"max_retries": "3"}}, ())
+
+
+def test_celery_s_retry_options_reach_the_task_spec():
+    @rl_task(name="unit.opts.retry", autoretry_for=(KeyError,), default_retry_delay=7,
+             retry_jitter=False, retry_kwargs={"max_retries": 1, "countdown": 4})  # fmt: skip
+    def job() -> None: ...
+
+    spec = job.relier_spec
+    assert spec.default_retry_delay_s == 7.0 and spec.retry_jitter is False
+    assert spec.autoretry_max_retries(3) == 1 and spec.autoretry_countdown_s == 4.0
 
 
 def test_rate_limit_is_celery_s_execution_rate_held_across_workers():

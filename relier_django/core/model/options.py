@@ -36,8 +36,6 @@ NO_OPS: Mapping[str, str] = {
 
 #: Celery's own names that mean something else here: refused with the reason.
 DIFFERENT: Mapping[str, str] = {
-    "default_retry_delay": "relier retries with exponential backoff: retry_backoff= "
-    "(base seconds) and retry_backoff_max=",
     "priority": "priorities are not honoured; route urgent tasks to their own queue",
     "base": "every @rl_task is a RelierTask",
     "serializer": "relier messages are always JSON envelopes",
@@ -60,9 +58,14 @@ def translate(given: Mapping[str, Any], own: Iterable[str]) -> dict[str, Any]:
             out[ALIASES[name]] = value
         elif name == "retry_backoff":  # Celery's: True, or a factor in seconds
             out["retry_backoff"] = 1.0 if value is True else value
-        elif name == "retry_jitter":
-            if value is not True:
-                raise TypeError("retry_jitter=False: relier always adds jitter to its backoff")
+        elif name == "retry_jitter":  # Celery's: jitter on the autoretry backoff
+            if not isinstance(value, bool):
+                raise TypeError(f"retry_jitter= takes True or False, got {value!r}")
+            out["retry_jitter"] = value
+        elif name == "default_retry_delay":  # Celery's: self.retry() without countdown
+            out["default_retry_delay"] = _seconds(name, value)
+        elif name == "retry_kwargs":
+            out["retry_kwargs"] = _retry_kwargs(value)
         elif name in NO_OPS:
             continue
         elif name in DIFFERENT:
@@ -72,6 +75,33 @@ def translate(given: Mapping[str, Any], own: Iterable[str]) -> dict[str, Any]:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; known options: {known}"
             raise TypeError(f"@rl_task got an unknown option {name!r}{hint}")
+    return out
+
+
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise TypeError(f"{name}= takes seconds (a number >= 0), got {value!r}")
+    return float(value)
+
+
+#: What Celery's ``retry_kwargs`` may hold here: ``retry_on``'s own limit and delay.
+_RETRY_KWARGS = ("max_retries", "countdown")
+
+
+def _retry_kwargs(value: Any) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"retry_kwargs= takes a dict, got {value!r}")
+    out: dict[str, float] = {}
+    for key, item in value.items():
+        if key not in _RETRY_KWARGS:
+            raise TypeError(
+                f"retry_kwargs={{{key!r}: ...}} is not supported: a retry_on retry takes "
+                f"{', '.join(_RETRY_KWARGS)} (a retry keeps the task's queue and arguments)"
+            )
+        if key == "max_retries" and (isinstance(item, bool) or not isinstance(item, int)
+                                     or item < 0):  # fmt: skip
+            raise TypeError(f"retry_kwargs max_retries takes an int >= 0, got {item!r}")
+        out[key] = item if key == "max_retries" else _seconds("retry_kwargs countdown", item)
     return out
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .idem_key import KeyOption
 from .limits import TaskLimits
 from .rates import Rate
+from .request import DEFAULT_RETRY_DELAY_S
 from .schema import Schema
 
 
@@ -28,6 +29,12 @@ class TaskSpec:
     max_retries: int | None = None
     retry_backoff_s: float | None = None
     retry_backoff_max_s: float | None = None
+    retry_jitter: bool = True  # Celery's retry_jitter: jitter on retry_on's backoff
+    # Celery's retry_kwargs: retry_on's own max_retries and fixed countdown (used when
+    # no retry_backoff is given), e.g. {"max_retries": 5, "countdown": 10}.
+    retry_kwargs: Mapping[str, float] = field(default_factory=dict)
+    # Celery's default_retry_delay: a self.retry() without countdown or eta.
+    default_retry_delay_s: float = DEFAULT_RETRY_DELAY_S
     soft_timeout_s: float | None = None  # async: on_soft_timeout runs; def: Celery's soft limit
     hard_timeout_s: float | None = None  # async: cancelled; def: killed; then the DLQ
     on_soft_timeout: Callable[..., Any] | None = None  # called with the TaskContext
@@ -69,6 +76,21 @@ class TaskSpec:
         """True when the first parameter is named ``ctx`` or annotated ``TaskContext``,
         or the task was declared with ``bind=True``."""
         return self._wants_context
+
+    def autoretry_max_retries(self, default: int) -> int:
+        """How many times ``retry_on`` retries: ``retry_kwargs["max_retries"]``, else
+        ``max_retries``, else ``default`` (the config's)."""
+        limit = self.retry_kwargs.get("max_retries", self.max_retries)
+        return default if limit is None else int(limit)
+
+    @property
+    def autoretry_countdown_s(self) -> float | None:
+        """``retry_on``'s fixed delay (``retry_kwargs["countdown"]``) when no
+        ``retry_backoff`` is given; ``None``: the exponential backoff."""
+        if self.retry_backoff_s is not None:
+            return None
+        countdown = self.retry_kwargs.get("countdown")
+        return None if countdown is None else float(countdown)
 
     def user_signature(self) -> inspect.Signature:
         """The signature callers push against (without the injected context)."""

@@ -40,6 +40,7 @@ from ..model import outcome, workflow
 from ..model.config import Config
 from ..model.envelope import Envelope
 from ..model.failure import Failure, Reason
+from ..model.request import RetryRequest
 from ..model.spec import TaskSpec
 from ..store import event_loop
 from ..store.receipt import Dispatch, DispatchState, NotDispatched, Receipt
@@ -243,19 +244,23 @@ async def adivert(
         return duplicate
     attempt = 1
     while True:
+        seen: list[Any] = []
         try:
             if spec.is_async:
-                value = await _call(app, spec, env, attempt)
+                value = await _call(app, spec, env, attempt, seen)
             else:
-                value = await asyncio.to_thread(_call, app, spec, env, attempt)
+                value = await asyncio.to_thread(_call, app, spec, env, attempt, seen)
         except Exception as exc:
-            if _retries(spec, env, receipt.config, attempt, exc):
+            if _retries(spec, env, receipt.config, attempt, exc, _asked(seen)):
                 attempt += 1
                 continue
-            _failed(spec, env, receipt, attempt, exc)
+            _failed(spec, env, receipt, attempt, exc, _asked(seen))
             if chosen.propagates:
                 raise
             return receipt
+        if _retries(spec, env, receipt.config, attempt, None, _asked(seen)):
+            attempt += 1
+            continue
         if _succeeded(spec, env, receipt, attempt, value):
             await asyncio.to_thread(_next_step, app, env, receipt, chosen.propagates, value)
         return receipt
@@ -288,18 +293,22 @@ def deliver(
         return duplicate
     attempt = 1
     while True:
+        seen: list[Any] = []
         try:
-            value = _call(app, spec, env, attempt)
+            value = _call(app, spec, env, attempt, seen)
             if inspect.isawaitable(value):
                 value = asyncio.run(_awaited(value))
         except Exception as exc:
-            if _retries(spec, env, receipt.config, attempt, exc):
+            if _retries(spec, env, receipt.config, attempt, exc, _asked(seen)):
                 attempt += 1
                 continue
-            _failed(spec, env, receipt, attempt, exc)
+            _failed(spec, env, receipt, attempt, exc, _asked(seen))
             if propagates:
                 raise
             return receipt
+        if _retries(spec, env, receipt.config, attempt, None, _asked(seen)):
+            attempt += 1
+            continue
         if _succeeded(spec, env, receipt, attempt, value):
             _next_step(app, env, receipt, propagates, value)
         return receipt
@@ -340,9 +349,11 @@ async def _awaited(value: Any) -> Any:
     return await value
 
 
-def _call(app: Any, spec: TaskSpec, env: Envelope, attempt: int) -> Any:
+def _call(app: Any, spec: TaskSpec, env: Envelope, attempt: int, seen: list[Any]) -> Any:
     """The task's body (``@rl_task``'s ``run``; a coroutine for an ``async def`` task),
-    with a request as Celery's ``apply()`` gives one: the id, the retries so far."""
+    with a request as Celery's ``apply()`` gives one: the id, the retries so far. The
+    body's context, when it takes one, is appended to ``seen``: its ``retry()``
+    decides what comes next, as on a worker."""
     task = app.tasks[spec.name]
     task.push_request(
         id=env.id, args=list(env.args), kwargs=dict(env.kwargs), retries=attempt - 1,
@@ -351,18 +362,33 @@ def _call(app: Any, spec: TaskSpec, env: Envelope, attempt: int) -> Any:
     try:
         return task.run(*env.args, **env.kwargs)
     finally:
+        ctx = getattr(getattr(task, "request", None), "_relier_ctx", None)
+        if ctx is not None:
+            seen.append(ctx)
         task.pop_request()
 
 
-def _retries(spec: TaskSpec, env: Envelope, cfg: Config, attempt: int, exc: Exception) -> bool:
-    """True when the runner would retry: a ``retry_on`` exception with retries left."""
-    max_retries = spec.max_retries if spec.max_retries is not None else cfg.max_retries
-    retry = bool(spec.retry_on) and isinstance(exc, spec.retry_on) and attempt <= max_retries
+def _asked(seen: list[Any]) -> RetryRequest | None:
+    """What the body's ``self.retry()`` decided, if it called it."""
+    return getattr(seen[0], "_retry", None) if seen else None
+
+
+def _retries(
+    spec: TaskSpec, env: Envelope, cfg: Config, attempt: int, exc: Exception | None,
+    asked: RetryRequest | None = None,
+) -> bool:  # fmt: skip
+    """True when the runner would retry: the body called ``self.retry()`` with retries
+    left, or raised a ``retry_on`` exception with retries left. Eager retries do not
+    wait for their countdown."""
+    if asked is not None:
+        retry = not asked.exhausted
+        why = asked.error
+    else:
+        max_retries = spec.autoretry_max_retries(cfg.max_retries)
+        retry = bool(spec.retry_on) and isinstance(exc, spec.retry_on) and attempt <= max_retries
+        why = f"{type(exc).__name__}: {exc}"
     if retry:
-        logger.debug(
-            "eager retry task_id=%s attempt=%s after %s: %s",
-            env.id, attempt + 1, type(exc).__name__, exc,
-        )  # fmt: skip
+        logger.debug("eager retry task_id=%s attempt=%s after %s", env.id, attempt + 1, why)
     return retry
 
 
@@ -414,9 +440,11 @@ def _succeeded(
 
 
 def _failed(
-    spec: TaskSpec, env: Envelope, receipt: EagerReceipt, attempts: int, exc: Exception
-) -> None:
-    retryable = bool(spec.retry_on) and isinstance(exc, spec.retry_on)
+    spec: TaskSpec, env: Envelope, receipt: EagerReceipt, attempts: int, exc: Exception,
+    asked: RetryRequest | None = None,
+) -> None:  # fmt: skip
+    # After self.retry() found no retries left, as on a worker: retries_exhausted.
+    retryable = asked is not None or (bool(spec.retry_on) and isinstance(exc, spec.retry_on))
     reason = Reason.RETRIES_EXHAUSTED if retryable else Reason.EXCEPTION
     trace = "".join(traceback.format_exception(exc))
     _settle_failure(

@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from celery.exceptions import MaxRetriesExceededError, Retry
+
 from ..model.errors import TaskLost
+from ..model.request import Request, RetryPolicy, RetryRequest
 
 
 @dataclass(slots=True)
@@ -41,6 +44,11 @@ class TaskContext:
     # The task's identity (Envelope.identity): its id and its push's token, which a
     # later task given the same caller-chosen id does not share.
     identity: str = ""
+    # Celery's view of this incarnation (``request``), the task's retry limits, and
+    # what ``retry()`` decided, which the runner reads once the body has ended.
+    _request: Request | None = field(default=None, repr=False)
+    _retry_policy: RetryPolicy = field(default_factory=RetryPolicy, repr=False)
+    _retry: RetryRequest | None = field(default=None, repr=False)
     _lost: threading.Event = field(default_factory=threading.Event, repr=False)
     # Set by the runner: the latest checkpoint, and how to store a new one.
     _partial: Any = field(default=None, repr=False)
@@ -50,13 +58,28 @@ class TaskContext:
     _inline: bool = field(default=False, repr=False)  # see inline()
 
     @classmethod
-    def inline(cls, task_name: str, task_id: str | None = None, attempt: int = 1) -> TaskContext:
+    def inline(
+        cls,
+        task_name: str,
+        task_id: str | None = None,
+        attempt: int = 1,
+        *,
+        fence_token: int = 0,
+        request: Request | None = None,
+        retry_policy: RetryPolicy | None = None,
+    ) -> TaskContext:
         """A context for the body called in this process (``task(...)``, ``run()``,
-        ``apply()``, eager mode): never superseded, checkpoints kept in memory only."""
+        ``apply()``, eager mode): never superseded, checkpoints kept in memory only.
+        Eager mode passes the attempt and a fence that grow with each retry, as a
+        worker's would."""
         ctx = cls(
-            task_id or uuid.uuid4().hex, 0, 1, 0, task_name, f"{socket.gethostname()}:{os.getpid()}"
-        )
+            task_id or uuid.uuid4().hex, fence_token, attempt, 0, task_name,
+            f"{socket.gethostname()}:{os.getpid()}",
+        )  # fmt: skip
         ctx._inline = True
+        ctx._request = request
+        if retry_policy is not None:
+            ctx._retry_policy = retry_policy
         return ctx
 
     @property
@@ -70,6 +93,93 @@ class TaskContext:
         ``"relier-<task id>~<push token>"`` (``"relier-<task id>"`` for a task pushed
         by a release without push tokens)."""
         return f"relier-{self.identity or self.task_id}"
+
+    @property
+    def request(self) -> Request:
+        """Celery's ``self.request`` for this incarnation, read-only: ``id``,
+        ``retries`` (``attempt - 1``), ``args``, ``kwargs``, ``eta``, ``hostname``,
+        ``delivery_info``, ``is_eager``, ``called_directly``, ``root_id``, ``group``,
+        ``group_index``, ``chord``, ``correlation_id``, ``task``. A Celery field relier
+        cannot honour (``parent_id``, ``expires``, ``headers``, ...) raises
+        ``NotImplementedError`` naming what to use instead."""
+        if self._request is None:  # a context built by hand: what it knows
+            self._request = Request(
+                self.task_id, self.task_name, self.attempt - 1, scheduled_at=self.scheduled_at,
+                hostname=self.worker.rpartition(":")[0], called_directly=self._inline,
+            )  # fmt: skip
+        return self._request
+
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: Exception | None = None,
+        throw: bool = True,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Retry:
+        """Celery's ``self.retry()``: end this incarnation and run the task again, as a
+        new incarnation (``attempt + 1``, ``fence_token + 1``) that waits in Redis until
+        it is due, in no worker's memory, and runs once: ``raise self.retry(exc=exc,
+        countdown=5)``.
+
+        Due after ``countdown`` seconds, at ``eta`` (timezone-aware), or else after the
+        task's ``default_retry_delay`` (180 s, as in Celery). Once the task has been
+        retried ``max_retries`` times (this call's, else the task's, else 3), ``exc``
+        is raised instead (``MaxRetriesExceededError`` without one) and, unless the
+        body catches it, the task lands in the DLQ with reason ``retries_exhausted``.
+        With ``throw=False`` the ``Retry`` is returned instead of raised: the body goes
+        on, and when it ends the task is retried all the same (its return value is not
+        committed). Called on a body run as a function (``task(...)``), it raises
+        ``exc`` (or ``Retry``) at once, as Celery's does. Other Celery options
+        (``queue``, ``priority``, ...) are accepted and not used: a retry keeps the
+        task's queue.
+
+        Raises:
+            celery.exceptions.Retry: the retry is decided (``throw=True``).
+            celery.exceptions.MaxRetriesExceededError: no retries left and no ``exc``.
+            TypeError: ``args=`` or ``kwargs=`` (a retry runs the same arguments: push a
+                new task for others), a naive ``eta``, a negative ``countdown``.
+        """
+        if args is not None or kwargs is not None:
+            raise TypeError(
+                "self.retry(args=..., kwargs=...): a relier retry is the same task with "
+                "the same arguments (its envelope is checksummed); push a new task to run "
+                "others"
+            )
+        if eta is not None and (not isinstance(eta, datetime) or eta.tzinfo is None):
+            raise TypeError(f"self.retry(eta=...) takes a timezone-aware datetime, got {eta!r}")
+        if countdown is not None and countdown < 0:
+            raise TypeError(f"self.retry(countdown=...) must be >= 0, got {countdown!r}")
+        if self.request.called_directly:
+            raise exc or Retry("Task can be retried", None)
+        limit = self._retry_policy.max_retries if max_retries is None else max_retries
+        if limit is not None and self.attempt > limit:
+            # Out of retries: the exception ending the body is a retries_exhausted one.
+            self._retry = RetryRequest(exc=exc, exhausted=True)
+            if exc is not None:
+                raise exc
+            request = self.request
+            raise MaxRetriesExceededError(
+                f"Can't retry {self.task_name}[{self.task_id}] args:{list(request.args)} "
+                f"kwargs:{dict(request.kwargs)}",
+                task_args=list(request.args),
+                task_kwargs=dict(request.kwargs),
+            )
+        if eta is not None:
+            delay_s = max(0.0, (eta - datetime.now(eta.tzinfo)).total_seconds())
+        elif countdown is not None:
+            delay_s = float(countdown)
+        else:
+            delay_s = self._retry_policy.default_delay_s
+        error = f"{type(exc).__name__}: {exc}" if exc is not None else "Retry"
+        self._retry = RetryRequest(delay_s, error, exc)
+        decided = Retry(exc=exc, when=eta or delay_s, is_eager=self.request.is_eager)
+        if throw:
+            raise decided
+        return decided
 
     def get_partial(self, default: Any = None) -> Any:
         """The latest checkpoint of this task, or ``default`` if it has none.

@@ -36,6 +36,7 @@ from ..model.config import Config
 from ..model.envelope import Envelope, decode
 from ..model.errors import EnvelopeError, TaskLost
 from ..model.failure import Failure, Reason
+from ..model.request import Request, RetryPolicy
 from ..model.schema import Call, SchemaMismatch
 from ..model.spec import TaskSpec
 from ..model.transition import Transition
@@ -79,6 +80,9 @@ class _Commit:
 @dataclass(frozen=True, slots=True)
 class _Retry:
     error: str  # one line, for the history
+    delay_s: float | None = None  # self.retry()'s; None: the task's backoff
+    asked: bool = False  # by self.retry(), whose exc= is then the ending's error
+    exc: Exception | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +175,7 @@ class Runner:
         error: BaseException | None = None
         try:
             call = self._upgrade(spec, env)
+            ctx._request = self._request(ctx, env, call)
             if started.checkpoint:
                 ctx._partial = checkpoint.load(started.checkpoint)
             args = (ctx, *call.args) if spec.wants_context else call.args
@@ -230,7 +235,22 @@ class Runner:
         if started.due_ms is not None:
             ctx.scheduled_at = datetime.fromtimestamp(started.due_ms / 1000, tz=UTC)
         ctx._loop, ctx._save = loop, self._saver(ctx, env)
+        spec = self.spec
+        if spec is not None:
+            ctx._retry_policy = RetryPolicy(
+                spec.max_retries if spec.max_retries is not None else self.config.max_retries,
+                spec.default_retry_delay_s,
+            )
         return ctx
+
+    def _request(self, ctx: TaskContext, env: Envelope, call: Call) -> Request:
+        """Celery's ``self.request``: the arguments as the body gets them (migrated)."""
+        return Request(
+            env.id, env.task, env.attempt - 1, call.args, call.kwargs,
+            scheduled_at=ctx.scheduled_at,
+            hostname=self.worker.rpartition(":")[0], queue=self.queue or env.queue,
+            workflow=env.workflow, chord_member=env.chord,
+        )  # fmt: skip
 
     async def _expired(self, env: Envelope) -> Ended:
         # Its expires= time passed before any start: filed, never run (G11).
@@ -314,13 +334,18 @@ class Runner:
                 "incarnation cancelled: superseded task_id=%s fence=%s", env.id, env.fence
             )
             return None
+        asked = ctx._retry
+        if asked is not None and not asked.exhausted:
+            # self.retry(): whatever ended the body after it (its Retry, a return with
+            # throw=False, an error), the retry it decided is what happens.
+            return _Retry(asked.error, asked.delay_s, True, asked.exc)
         limit = timeouts.soft_limit_failure(spec, error, self.worker)
         if limit is not None:
             # Celery's soft time limit, uncaught: the hard one would stop the next
             # incarnation too, so no retry unless retry_on names it.
             return _Dead(limit)
         if isinstance(error, Exception):
-            return self._failed(spec, env, error)
+            return self._failed(spec, env, error, exhausted=asked is not None)
         record = self._record(result, env.fence)
         if isinstance(record, Failure):
             return _Dead(record)
@@ -409,7 +434,7 @@ class Runner:
                 await asyncio.to_thread(self._after_commit, env, done, sync_client(self.config))
             return self._commit_ended(env, done, result)
         if isinstance(action, _Retry):
-            return await self._retry(spec, env, action.error, error)
+            return await self._retry(spec, env, action, action.exc if action.asked else error)
         return await self._dead(env, action.failure, error=error)
 
     @staticmethod
@@ -441,6 +466,7 @@ class Runner:
         self, spec: TaskSpec, ctx: TaskContext, env: Envelope, stored_checkpoint: str
     ) -> Any:
         call = await self._arguments(spec, env)
+        ctx._request = self._request(ctx, env, call)
         if stored_checkpoint:  # a file checkpoint is read and hashed off the loop
             ctx._partial = await asyncio.to_thread(checkpoint.load, stored_checkpoint)
         args = (ctx, *call.args) if spec.wants_context else call.args
@@ -523,13 +549,16 @@ class Runner:
             )
         return done.accepted
 
-    def _failed(self, spec: TaskSpec, env: Envelope, exc: Exception) -> _Action:
-        """A task that raised: retried while ``retry_on`` allows it, else dead-lettered."""
+    def _failed(
+        self, spec: TaskSpec, env: Envelope, exc: Exception, exhausted: bool = False
+    ) -> _Action:
+        """A task that raised: retried while ``retry_on`` allows it, else dead-lettered.
+        ``exhausted``: it raised after ``self.retry()`` found no retries left."""
         retryable = isinstance(exc, spec.retry_on) if spec.retry_on else False
-        max_retries = spec.max_retries if spec.max_retries is not None else self.config.max_retries
-        if retryable and env.attempt <= max_retries:
-            return _Retry(f"{type(exc).__name__}: {exc}")
-        reason = Reason.RETRIES_EXHAUSTED if retryable else Reason.EXCEPTION
+        max_retries = spec.autoretry_max_retries(self.config.max_retries)
+        if retryable and not exhausted and env.attempt <= max_retries:
+            return _Retry(f"{type(exc).__name__}: {exc}", spec.autoretry_countdown_s)
+        reason = Reason.RETRIES_EXHAUSTED if retryable or exhausted else Reason.EXCEPTION
         trace = "".join(traceback.format_exception(exc))
         # The importable path too: django.tasks' TaskError resolves the class from it.
         path = f"{type(exc).__module__}.{type(exc).__qualname__}"
@@ -541,17 +570,20 @@ class Runner:
         )  # fmt: skip
 
     async def _retry(
-        self, spec: TaskSpec, env: Envelope, error: str, exc: Exception | None
+        self, spec: TaskSpec, env: Envelope, action: _Retry, exc: Exception | None
     ) -> Ended:
-        delay_s = backoff_s(
-            env.attempt,
-            spec.retry_backoff_s
-            if spec.retry_backoff_s is not None
-            else self.config.retry_backoff_s,
-            spec.retry_backoff_max_s
-            if spec.retry_backoff_max_s is not None
-            else self.config.retry_backoff_max_s,
-        )
+        error, delay_s = action.error, action.delay_s
+        if delay_s is None:
+            delay_s = backoff_s(
+                env.attempt,
+                spec.retry_backoff_s
+                if spec.retry_backoff_s is not None
+                else self.config.retry_backoff_s,
+                spec.retry_backoff_max_s
+                if spec.retry_backoff_max_s is not None
+                else self.config.retry_backoff_max_s,
+                jitter=spec.retry_jitter,
+            )
         # From the envelope as received, not the migrated call: the stored copy keeps
         # the producer's schema version.
         nxt = env.next_incarnation(attempt=env.attempt + 1)
