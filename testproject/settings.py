@@ -160,6 +160,7 @@ CELERY_IMPORTS = [
     "testproject.demo.conformance_jobs",
     "testproject.demo.composition_tasks",  # the composition matrix's (tests/composition/)
     "testproject.demo.limit_tasks",  # flow control's (tests, chaos, bench/flow_control.py)
+    "testproject.demo.progress_tasks",  # progress reporting's (tests/integration)
 ]
 
 LOGGING = {

@@ -43,7 +43,7 @@ from ..store import checkpoint, chords, event_loop, liveness
 from ..store.connection import async_client, sync_client
 from ..store.keys import KeySpace
 from ..store.scripts import ScriptCall
-from . import atomic, fencing, heartbeat, timeouts
+from . import atomic, fencing, heartbeat, progress, timeouts
 from .context import TaskContext
 from .ending import Ended, Ending
 from .fencing import StartResult
@@ -227,6 +227,7 @@ class Runner:
         if started.due_ms is not None:
             ctx.scheduled_at = datetime.fromtimestamp(started.due_ms / 1000, tz=UTC)
         ctx._loop, ctx._save = loop, self._saver(ctx, env)
+        ctx._report = progress.reporter(self.client, self.keys, env, ctx.mark_lost)
         return ctx
 
     async def _expired(self, env: Envelope) -> Ended:
