@@ -227,7 +227,7 @@ class Runner:
         if started.due_ms is not None:
             ctx.scheduled_at = datetime.fromtimestamp(started.due_ms / 1000, tz=UTC)
         ctx._loop, ctx._save = loop, self._saver(ctx, env)
-        ctx._report = progress.reporter(self.client, self.keys, env, ctx.mark_lost)
+        ctx._report = progress.reporter(lambda: self.client, self.keys, env, ctx.mark_lost)
         return ctx
 
     async def _expired(self, env: Envelope) -> Ended:
