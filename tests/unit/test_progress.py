@@ -13,6 +13,7 @@ from relier_django import ProgressTooLarge, TaskContext
 from relier_django.core.model import config
 from relier_django.core.push.eager import EagerReceipt
 from relier_django.core.store import progress
+from testproject.demo import progress_tasks
 
 
 @pytest.fixture
@@ -92,3 +93,8 @@ def test_remembered_progress_is_bounded():
     assert progress.recall(f"bound-{progress._REMEMBERED + 4}").meta == progress._REMEMBERED + 4
     progress.forget()
     assert progress.recall(f"bound-{progress._REMEMBERED + 4}") is None
+
+
+def test_update_state_on_the_task_object_is_refused_naming_the_bound_call():
+    with pytest.raises(TypeError, match=r"bind=True and call self\.update_state"):
+        progress_tasks.steps.update_state(state="PROGRESS", meta={"done": 1})
