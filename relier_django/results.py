@@ -8,6 +8,7 @@
 |---|---|---|
 | a committed result | ``SUCCESS`` | the result |
 | in the DLQ (its result, or its entry once the result expired) | ``FAILURE`` | ``TaskFailed`` |
+| an incarnation running that reported progress | its state (``PROGRESS``...) | its meta |
 | an incarnation running | ``STARTED`` | ``{"hostname", "attempt", "fence"}`` |
 | queued after a failed attempt (a retry) | ``RETRY`` | None |
 | queued, or handed off / leased for resurrection | ``PENDING`` | None |
@@ -38,7 +39,7 @@ from django.core.exceptions import ImproperlyConfigured
 from . import conf
 from .core.model import config, links
 from .core.model.redaction import redact
-from .core.store import chords
+from .core.store import chords, progress
 from .core.store.connection import sync_client
 from .core.store.keys import KeySpace
 from .core.store.receipt import TaskStatus, aresult, read_status, result
@@ -95,6 +96,9 @@ class RelierBackend(BaseBackend):
 
     # -- reads -------------------------------------------------------------------------
     def _get_task_meta_for(self, task_id: str) -> dict[str, Any]:
+        reported = progress.recall(task_id)  # a task running eagerly in this process
+        if reported is not None:
+            return _meta(TaskStatus(task_id, reported.state, reported.meta))
         status = read_status(config.current(), task_id)
         if status.known:
             return _meta(status)

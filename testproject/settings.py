@@ -161,6 +161,7 @@ CELERY_IMPORTS = [
     "testproject.demo.composition_tasks",  # the composition matrix's (tests/composition/)
     "testproject.demo.limit_tasks",  # flow control's (tests, chaos, bench/flow_control.py)
     "testproject.demo.bound_tasks",  # Celery's bound-task idioms (issue 39)
+    "testproject.demo.progress_tasks",  # progress reporting's (tests/integration)
 ]
 
 LOGGING = {

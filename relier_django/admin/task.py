@@ -44,8 +44,10 @@ def _time(ms: int | None) -> str:
 def facts(task: TaskView) -> list[tuple[str, str, str]]:
     """The task's fields as (id, label, text) rows, times in UTC (Redis clock)."""
     started = "Started" if task.state == "running" else "Last incarnation started"
+    reported = task.progress
     return [
         ("state", "State", task.state),
+        *([("progress", "Progress", f"{reported.state} {reported.meta_text}")] if reported else []),
         ("name", "Task", task.name),
         ("queue", "Queue", task.queue or "(default)"),
         ("fence", "Fence", str(task.fence)),

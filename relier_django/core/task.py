@@ -164,6 +164,27 @@ class RelierTask(Task):
             return self.run(*args, **kwargs)
         return _entry(self, *args, **kwargs)
 
+    def update_state(
+        self,
+        task_id: str | None = None,
+        state: str | None = None,
+        meta: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Refused on the task object (``current_task.update_state``, ``my_task.
+        update_state``): it cannot reach the running incarnation's fence, so its
+        progress could be a zombie's. A bound task's ``self`` is its ``TaskContext``,
+        whose ``update_state`` stores it fenced (docs/progress.md).
+
+        Raises:
+            TypeError: always, naming the call to make instead.
+        """
+        raise TypeError(
+            f"{self.name}: update_state() on the task object cannot be fenced; declare "
+            "the task with bind=True and call self.update_state(...) there (self is its "
+            "TaskContext), or ctx.set_progress(meta); pass ctx to helpers that report"
+        )
+
 
 def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
     """The steps of a chain after its first task, from the signatures Celery's

@@ -53,6 +53,7 @@ from relier_django.core.recovery import deaths
 from relier_django.core.schedule import periodic
 from relier_django.core.store import cancel as store_cancel
 from relier_django.core.store import checkpoint, chords, scripts
+from relier_django.core.store import progress as store_progress
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from relier_django.core.worker import fencing, intake
@@ -288,6 +289,12 @@ def dlq_delete(cfg: config.Config, client: redis.Redis) -> Any:
 def checkpoint_(cfg: config.Config, client: redis.Redis) -> Any:
     env = _started(cfg, client)
     return checkpoint.save(_keys(cfg), env.id, env.fence, json.dumps({"inline": 3})).run(client)
+
+
+def progress_(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _started(cfg, client)
+    stored = store_progress.record("PROGRESS", {"done": 3, "total": 10}, 65_536)
+    return store_progress.save(_keys(cfg), env.id, env.fence, stored).run(client)
 
 
 def lock_acquire(cfg: config.Config, client: redis.Redis) -> Any:
@@ -531,6 +538,7 @@ CASES: dict[str, Case] = {
     "release_abort": Case(release_abort),
     "dlq_delete": Case(dlq_delete),
     "checkpoint": Case(checkpoint_),
+    "progress": Case(progress_),
     "lock_acquire": Case(lock_acquire),
     "lock_extend": Case(lock_extend),
     "lock_release": Case(lock_release),

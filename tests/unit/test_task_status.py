@@ -24,7 +24,7 @@ def _status(task_id: str, replies: list) -> TaskStatus:  # type: ignore[type-arg
     return status_of(_snapshot(task_id, Reading.STATE, replies))
 
 
-NO_TASK = [None, None, None, None]
+NO_TASK = [None, None, None, None, None]
 NO_ENTRY = [None, None, None, None]
 
 
@@ -51,10 +51,10 @@ def test_a_dlq_entry_reads_failure_after_the_result_expired():
 @pytest.mark.parametrize(
     ("task", "state"),
     [
-        (["queued", "1", None, "1"], "PENDING"),
-        (["queued", "2", None, "2"], "RETRY"),  # waiting for the attempt after a failure
-        (["handoff", "1", "w:1", "1"], "PENDING"),  # waiting for its resurrection
-        (["running", "1", "w@h:42", "3"], "STARTED"),
+        (["queued", "1", None, "1", None], "PENDING"),
+        (["queued", "2", None, "2", None], "RETRY"),  # waiting for the attempt after a failure
+        (["handoff", "1", "w:1", "1", None], "PENDING"),  # waiting for its resurrection
+        (["running", "1", "w@h:42", "3", None], "STARTED"),
     ],
 )
 def test_an_unfinished_task_reads_pending_retry_or_started(task, state):
@@ -63,8 +63,26 @@ def test_an_unfinished_task_reads_pending_retry_or_started(task, state):
 
 
 def test_a_started_task_names_its_worker_attempt_and_fence():
-    status = _status("t", [None, ["running", "2", "w@h:42", "3"], NO_ENTRY])
+    status = _status("t", [None, ["running", "2", "w@h:42", "3", None], NO_ENTRY])
     assert status.result == {"hostname": "w@h:42", "attempt": 2, "fence": 3}
+
+
+PROGRESS = '{"meta":{"done":3,"total":10},"state":"PROGRESS"}'
+
+
+def test_a_running_task_that_reported_progress_reads_its_state_with_its_meta():
+    status = _status("t", [None, ["running", "1", "w@h:42", "3", PROGRESS], NO_ENTRY])
+    assert (status.state, status.result) == ("PROGRESS", {"done": 3, "total": 10})
+
+
+@pytest.mark.parametrize(("state", "attempt", "named"), [("queued", "1", "PENDING"),
+                                                         ("queued", "2", "RETRY")])  # fmt: skip
+def test_a_task_waiting_for_its_next_incarnation_reads_as_waiting_whatever_it_reported(
+    state, attempt, named
+):
+    # Kept for the next incarnation (G2: stored by a fence that ran); not a running state.
+    status = _status("t", [None, [state, attempt, None, "2", PROGRESS], NO_ENTRY])
+    assert (status.state, status.result) == (named, None)
 
 
 def test_an_id_the_store_does_not_know_reads_pending_and_unknown():

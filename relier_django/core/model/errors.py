@@ -115,6 +115,19 @@ class CheckpointTooLarge(RelierError):
         self.limit = limit
 
 
+class ProgressTooLarge(RelierError, ValueError):
+    """``ctx.set_progress(meta)`` / ``ctx.update_state(meta=...)``: the progress's JSON
+    is larger than CHECKPOINT_MAX_BYTES (progress is read by polling; keep it small)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"progress of {size} bytes exceeds CHECKPOINT_MAX_BYTES ({limit}); report a "
+            "summary (counts, a percentage, a short message), not the data itself"
+        )
+        self.size = size
+        self.limit = limit
+
+
 class ArgumentsTooLarge(RelierError, ValueError):
     """A push whose encoded task is larger than ARGUMENTS_MAX_BYTES: refused before
     anything is stored. Redis keeps every task's envelope until its result expires, so

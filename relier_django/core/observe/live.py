@@ -12,6 +12,7 @@ queued task the oldest of all, the scan the first ``SCAN_LIMIT`` by deadline of 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from collections import Counter
@@ -20,7 +21,9 @@ from typing import Any
 
 import redis
 
+from ..store import progress
 from ..store.keys import KeySpace
+from ..store.progress import Progress
 
 STATES: tuple[str, ...] = ("queued", "reserved", "running", "scheduled", "recovering")
 # The scan reads at most this many in-flight tasks (pipelined, 1,000 per round trip);
@@ -45,6 +48,7 @@ class Task:
     age_s: float  # since it could start (queued, reserved) or since it started (running)
     attempt: int
     resurrections: int
+    progress: Progress | None = None  # what it last reported (ctx.set_progress)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +56,7 @@ class Task:
             "state": self.state, "fence": self.fence, "worker": self.worker,
             "age_s": round(self.age_s, 3), "attempt": self.attempt,
             "resurrections": self.resurrections,
+            "progress": None if self.progress is None else self.progress.to_json(),
         }  # fmt: skip
 
 
@@ -156,6 +161,7 @@ def scan(
                 )
             )
     tasks.sort(key=lambda t: (t.state != "running", -t.age_s))
+    listed = _with_progress(client, keys, tasks[:task_limit])
     counts["scheduled"] = scheduled
     alive = [
         (as_text(w), float(deadline)) for w, deadline in workers_raw if float(deadline) >= now_ms
@@ -165,7 +171,7 @@ def scan(
         oldest_queued_s=oldest,
         overdue=overdue,
         workers=tuple(Worker(w, _held_by(w, held)) for w, _ in alive),
-        tasks=tuple(tasks[:task_limit]),
+        tasks=listed,
         truncated=total > len(ids),
     )
 
@@ -175,3 +181,17 @@ def _held_by(worker: str, held: Counter[str]) -> int:
     # the common case; with several on one host each shows the host's total.
     host = worker.rpartition(":")[0]
     return sum(n for holder, n in held.items() if holder.rpartition(":")[0] == host)
+
+
+def _with_progress(client: redis.Redis, keys: KeySpace, listed: list[Task]) -> tuple[Task, ...]:
+    # Read for the listed tasks only, in one more round trip: a progress may be up to
+    # CHECKPOINT_MAX_BYTES, too much to fetch for every task the scan counts.
+    if not listed:
+        return ()
+    pipe = client.pipeline(transaction=False)
+    for t in listed:
+        pipe.hget(keys.task(t.task_id), "progress")
+    return tuple(
+        dataclasses.replace(t, progress=progress.load(as_text(raw) or None))
+        for t, raw in zip(listed, pipe.execute(), strict=True)
+    )

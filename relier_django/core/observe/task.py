@@ -15,8 +15,9 @@ from typing import Any
 
 import redis
 
-from ..store import snapshot
+from ..store import progress, snapshot
 from ..store.keys import KeySpace
+from ..store.progress import Progress
 from ..store.snapshot import Reading, Snapshot
 from .live import as_int, state_name
 
@@ -36,6 +37,8 @@ class TaskView:
         expires_ms: past it, a task not yet started is dead-lettered, never run.
         history: the recorded events (``at_ms``, ``event``, ``fence``, ``worker``...),
             as JSON objects; an event that is not one is kept as ``{"raw": text}``.
+        progress: the state and meta it last reported (``ctx.set_progress``,
+            ``update_state``), kept through resurrections; None if it reported none.
     """
 
     task_id: str
@@ -51,6 +54,7 @@ class TaskView:
     due_ms: int | None
     expires_ms: int | None
     history: tuple[dict[str, Any], ...]
+    progress: Progress | None = None  # what it last reported (ctx.set_progress)
 
 
 def _ms(raw: str) -> int | None:
@@ -92,4 +96,5 @@ def view_of(found: Snapshot) -> TaskView | None:
         due_ms=_ms(f.get("due_ms", "")),
         expires_ms=_ms(f.get("expires_ms", "")),
         history=found.history,
+        progress=progress.load(f.get("progress")),
     )

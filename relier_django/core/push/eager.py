@@ -39,10 +39,11 @@ from celery import states
 from ..model import outcome, workflow
 from ..model.config import Config
 from ..model.envelope import Envelope
+from ..model.errors import TaskFailed
 from ..model.failure import Failure, Reason
 from ..model.request import RetryRequest
 from ..model.spec import TaskSpec
-from ..store import event_loop
+from ..store import event_loop, progress
 from ..store.receipt import Dispatch, DispatchState, NotDispatched, Receipt
 
 logger = logging.getLogger("relier_django.eager")
@@ -147,11 +148,31 @@ class EagerReceipt(Receipt):
     @property
     def status(self) -> str:
         """Celery's name for where the task stands, from memory: ``PENDING`` until it
-        ran, then ``SUCCESS`` or ``FAILURE`` (never read from the store)."""
+        ran (while it runs, the state it last reported with ``ctx.set_progress``), then
+        ``SUCCESS`` or ``FAILURE`` (never read from the store)."""
         record = self._outcome.record
         if record is None:
-            return str(states.PENDING)
+            reported = progress.recall(self.duplicate_of or self.task_id)
+            return str(states.PENDING) if reported is None else reported.state
         return str(states.SUCCESS if json.loads(record)["status"] == "ok" else states.FAILURE)
+
+    @property
+    def info(self) -> Any:
+        """Celery's ``AsyncResult.info``, from memory: while the task runs, the meta it
+        last reported (None before); then its result, or the ``TaskFailed`` ``get()``
+        would raise."""
+        record = self._outcome.record
+        if record is None:
+            reported = progress.recall(self.duplicate_of or self.task_id)
+            return None if reported is None else reported.meta
+        try:
+            return self._read(record)
+        except TaskFailed as exc:
+            return exc
+
+    async def ainfo(self) -> Any:
+        """Async twin of :attr:`info`."""
+        return self.info
 
     async def astatus(self) -> str:
         """Async twin of :attr:`status`."""
@@ -435,6 +456,7 @@ def _succeeded(
         _settle_failure(spec, env, receipt, attempts, failure)
         return False
     receipt._outcome.set(record)
+    progress.forget(env.id)  # the outcome is what a reader sees from now on
     logger.debug("ran eagerly task=%s task_id=%s attempts=%s", env.task, env.id, attempts)
     return True
 
@@ -462,6 +484,7 @@ def _settle_failure(
             if _claims.get(key) is receipt:
                 del _claims[key]
     receipt._outcome.set(outcome.failed(failure.reason, failure.error, ""))
+    progress.forget(env.id)
     logger.debug(
         "ran eagerly task=%s task_id=%s attempts=%s failed reason=%s error=%s\n%s",
         env.task, env.id, attempts, failure.reason, failure.error, failure.traceback or "",

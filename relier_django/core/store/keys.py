@@ -472,6 +472,9 @@ class KeySpace:
     def for_checkpoint(self, task_id: str) -> list[str]:
         return [self.task(task_id)]
 
+    def for_progress(self, task_id: str) -> list[str]:
+        return [self.task(task_id)]
+
     def for_retry(self, task_id: str) -> list[str]:
         p = self.of_task(task_id)
         return [p.task(task_id), p.history(task_id), p.expiry, p.schedule,

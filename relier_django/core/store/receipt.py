@@ -25,7 +25,7 @@ from ..model import config as config_mod
 from ..model import outcome
 from ..model.config import Config
 from ..model.errors import RelierError, TaskCancelled, TaskFailed
-from . import event_loop, snapshot
+from . import event_loop, progress, snapshot
 from .cancel import Cancelled, acancel, cancel
 from .connection import async_client, sync_client
 from .keys import KeySpace
@@ -137,7 +137,8 @@ class Receipt:
     @property
     def status(self) -> str:
         """Where the task stands, as Celery names it (``AsyncResult.status``):
-        ``PENDING`` (queued, or unknown), ``STARTED``, ``RETRY`` (waiting for its next
+        ``PENDING`` (queued, or unknown), ``STARTED`` (or the state it last reported
+        while it runs, such as ``PROGRESS``), ``RETRY`` (waiting for its next
         attempt), ``SUCCESS`` or ``FAILURE`` (in the DLQ). Read from the store on each
         access; for a duplicate, the status of the task holding the key (Celery's
         :attr:`state` is the same; where the push stands is :attr:`dispatch_state`).
@@ -168,8 +169,31 @@ class Receipt:
     def state(self) -> str:
         """Celery's ``AsyncResult.state``: the same as :attr:`status` (``PENDING``,
         ``STARTED``, ``RETRY``, ``SUCCESS``, ``FAILURE``, ``REVOKED``), read from the
-        store on each access. Where the *push* stands is :attr:`dispatch_state`."""
+        store on each access; while the task runs, the state it last reported
+        (``ctx.set_progress``, ``update_state``). Where the *push* stands is
+        :attr:`dispatch_state`."""
         return self.status
+
+    @property
+    def info(self) -> Any:
+        """Celery's ``AsyncResult.info``, read from the store on each access: while the
+        task runs, the meta it last reported (``ctx.set_progress(meta)``,
+        ``update_state(meta=...)``), else ``{"hostname", "attempt", "fence"}`` of the
+        running incarnation; the result once committed; a ``TaskFailed`` once in the
+        DLQ; None while queued or unknown. Never waits (:meth:`get` does).
+
+        Raises:
+            RuntimeError: read inside a running event loop; use ``await receipt.ainfo()``.
+        """
+        if event_loop.in_running_loop():
+            raise RuntimeError(
+                "receipt.info would block the running event loop; use await receipt.ainfo()"
+            )
+        return read_status(self._config, self.duplicate_of or self._task_id).result
+
+    async def ainfo(self) -> Any:
+        """Async twin of :attr:`info`."""
+        return (await aread_status(self._config, self.duplicate_of or self._task_id)).result
 
     def failed(self) -> bool:
         """Celery's ``AsyncResult.failed()``: True when the task is in the DLQ
@@ -328,9 +352,12 @@ class TaskStatus:
         task_id: the task's id.
         state: a ``celery.states`` name: ``SUCCESS`` (committed), ``FAILURE`` (in the
             DLQ), ``STARTED`` (an incarnation is running), ``RETRY`` (queued for an
-            attempt after a failed one), ``PENDING`` (queued, or unknown).
+            attempt after a failed one), ``PENDING`` (queued, or unknown); or, while an
+            incarnation runs, the state its task last reported (``ctx.set_progress``,
+            ``update_state``: ``PROGRESS``, or any name of its own).
         result: ``SUCCESS``: the committed result; ``FAILURE``: a ``TaskFailed``;
-            ``STARTED``: ``{"hostname": worker, "attempt": n, "fence": n}``; else None.
+            running with progress reported: its meta; ``STARTED`` without:
+            ``{"hostname": worker, "attempt": n, "fence": n}``; else None.
         traceback: ``FAILURE``: the failure's traceback from the DLQ entry, if any.
         known: False when the store holds nothing under this id (never pushed, its
             result expired, or not a relier task).
@@ -370,6 +397,9 @@ def status_of(found: Snapshot) -> TaskStatus:
         except TaskFailed as exc:
             return _failed(exc, found.dlq)
     state, attempt = fields.get("state"), int(fields.get("attempt") or 1)
+    reported = progress.load(fields.get("progress"))
+    if state == "running" and reported is not None:  # its own state, its meta as .info
+        return TaskStatus(task_id, reported.state, reported.meta)
     if state == "running":
         started = {"hostname": fields.get("worker"), "attempt": attempt,
                    "fence": int(fields.get("fence") or 0)}  # fmt: skip

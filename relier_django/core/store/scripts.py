@@ -153,6 +153,7 @@ COMMIT = _load("commit")  # worker.fencing: fenced result write
 RETRY = _load("retry")  # worker.fencing: the next incarnation, fence + 1
 HANDOFF = _load("handoff")  # worker.fencing: give tasks up on SIGTERM or a dead child
 CHECKPOINT = _load("checkpoint")  # store.checkpoint: a running incarnation's checkpoint
+PROGRESS = _load("progress")  # store.progress: a running incarnation's progress
 RESURRECT = _load("resurrect")  # recovery.resurrector: lease expired tasks, fence + 1
 RESURRECTED = _load("resurrected")  # recovery.resurrector: count what the broker took
 LEADER = _load("leader")  # recovery.scanner: the leader lease
@@ -182,6 +183,7 @@ OWNERS: dict[LuaScript, str] = {
     PUSH: "push.idempotency", ABORT: "push.idempotency", ADMIT: "push.admission",
     START: "worker.fencing", HEARTBEAT: "worker.fencing", COMMIT: "worker.fencing",
     RETRY: "worker.fencing", HANDOFF: "worker.fencing", CHECKPOINT: "store.checkpoint",
+    PROGRESS: "store.progress",
     RESURRECT: "recovery.resurrector", RESURRECTED: "recovery.resurrector",
     LEADER: "recovery.scanner", LEADER_RELEASE: "recovery.scanner",
     DEAD_LETTER: "dlq.dead_letter", RELEASE: "dlq.release", RELEASE_DONE: "dlq.release",

@@ -33,14 +33,14 @@ from .keys import KeySpace
 class Reading(enum.Enum):
     """How much of a task to read."""
 
-    STATE = "state"  # the outcome, the task hash's state fields, the DLQ entry's failure
+    STATE = "state"  # the outcome, the task hash's state and progress, the DLQ's failure
     VIEW = "view"  # an unfinished task's fields and history (no envelope)
     FULL = "full"  # everything: the envelope, the trail, the whole DLQ entry
 
 
-_STATE_FIELDS = ("state", "attempt", "worker", "fence")
+_STATE_FIELDS = ("state", "attempt", "worker", "fence", "progress")
 _VIEW_FIELDS = ("state", "worker", "fence", "name", "queue", "created_ms", "started_ms",
-                "due_ms", "expires_ms", "attempt", "res")  # fmt: skip
+                "due_ms", "expires_ms", "attempt", "res", "progress")  # fmt: skip
 _FAILURE_FIELDS = ("reason", "error", "entry", "at_ms")
 
 

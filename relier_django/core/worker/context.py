@@ -8,15 +8,17 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from celery.exceptions import MaxRetriesExceededError, Retry
 
+from ..model import config as config_mod
 from ..model.errors import TaskLost
 from ..model.request import Request, RetryPolicy, RetryRequest
+from ..store import progress as progress_store
 
 
 @dataclass(slots=True)
@@ -53,6 +55,8 @@ class TaskContext:
     # Set by the runner: the latest checkpoint, and how to store a new one.
     _partial: Any = field(default=None, repr=False)
     _save: Callable[[Any], Awaitable[None]] | None = field(default=None, repr=False)
+    # Set by the runner: how to store a progress record (progress.lua, fenced).
+    _report: Callable[[str], Coroutine[Any, Any, None]] | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     hard_timed_out: bool = field(default=False, repr=False)
     _inline: bool = field(default=False, repr=False)  # see inline()
@@ -242,6 +246,84 @@ class TaskContext:
 
     def mark_lost(self) -> None:
         self._lost.set()
+
+    async def aset_progress(self, meta: Any, state: str = "PROGRESS") -> None:
+        """Report progress, for ``async def`` tasks: ``await ctx.aset_progress({"done":
+        3, "total": 10})``. Readable from any process until the task ends:
+        ``AsyncResult(id).state`` is ``state`` and ``.info`` is ``meta``, and the admin's
+        task page and the live view show it.
+
+        Stored with the task before this returns, fenced: only the current incarnation
+        can report, a superseded one (a zombie) gets ``TaskLost`` and the progress stays
+        its successor's. Kept through retries and resurrections (a new incarnation shows
+        the last progress until it reports its own); gone once the task commits, is
+        dead-lettered or cancelled, when readers see the outcome instead. In eager mode
+        and in ``task(...)`` calls it is kept in this process's memory.
+
+        Args:
+            meta: JSON, at most ``CHECKPOINT_MAX_BYTES`` with the state.
+            state: a state of your own naming (``"PROGRESS"``), or ``"STARTED"``; the
+                states relier decides (``PENDING``, ``RETRY``, ``SUCCESS``,
+                ``FAILURE``, ``REVOKED``...) are refused.
+
+        Raises:
+            ValueError: ``state`` is one relier decides, empty or over 64 characters.
+            TypeError: ``meta`` is not JSON-serialisable.
+            ProgressTooLarge: the progress is larger than ``CHECKPOINT_MAX_BYTES``.
+            TaskLost: this incarnation was superseded.
+        """
+        stored = progress_store.record(state, meta, self._progress_limit())
+        if self._inline:
+            progress_store.remember(self.task_id, stored)
+            return
+        if self._report is None:
+            raise RuntimeError("this TaskContext is not attached to a running incarnation")
+        await self._report(stored)
+
+    def set_progress(self, meta: Any, state: str = "PROGRESS") -> None:
+        """The same as ``aset_progress``, for plain ``def`` tasks (off the event loop)."""
+        stored = progress_store.record(state, meta, self._progress_limit())
+        if self._inline:
+            progress_store.remember(self.task_id, stored)
+            return
+        loop, report = self._loop, self._report
+        if loop is None or report is None:
+            raise RuntimeError("this TaskContext is not attached to a running incarnation")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("inside an async def task, use `await ctx.aset_progress(meta)`")
+        asyncio.run_coroutine_threadsafe(report(stored), loop).result()
+
+    def update_state(
+        self, task_id: str | None = None, state: str | None = None, meta: Any = None
+    ) -> None:
+        """Celery's ``Task.update_state``, for a bound task (``self.update_state(
+        state="PROGRESS", meta={"done": 3, "total": 10})``): ``set_progress(meta,
+        state)``, with what it guarantees.
+
+        Args:
+            task_id: None, or this task's own id: a task reports only its own progress
+                (another task's is fenced by that task's incarnation).
+            state: as ``set_progress``'s; None (Celery's default, which stores no
+                state) reports ``STARTED`` with ``meta``.
+            meta: JSON, as ``set_progress``'s.
+
+        Raises:
+            ValueError: another task's id, or a state relier decides.
+            TypeError, ProgressTooLarge, TaskLost: as ``set_progress``.
+        """
+        if task_id is not None and task_id != self.task_id:
+            raise ValueError(
+                f"update_state(task_id={task_id!r}): a task reports its own progress only "
+                f"(this is {self.task_id!r}); leave task_id out"
+            )
+        self.set_progress(meta, progress_store.checked_state(state))
+
+    def _progress_limit(self) -> int:
+        return config_mod.current().checkpoint_max_bytes
 
 
 def _checked(state: Any) -> Any:

@@ -44,7 +44,7 @@ from ..store import checkpoint, chords, event_loop, liveness
 from ..store.connection import async_client, sync_client
 from ..store.keys import KeySpace
 from ..store.scripts import ScriptCall
-from . import atomic, fencing, heartbeat, timeouts
+from . import atomic, fencing, heartbeat, progress, timeouts
 from .context import TaskContext
 from .ending import Ended, Ending
 from .fencing import StartResult
@@ -241,6 +241,7 @@ class Runner:
                 spec.max_retries if spec.max_retries is not None else self.config.max_retries,
                 spec.default_retry_delay_s,
             )
+        ctx._report = progress.reporter(lambda: self.client, self.keys, env, ctx.mark_lost)
         return ctx
 
     def _request(self, ctx: TaskContext, env: Envelope, call: Call) -> Request:
