@@ -73,7 +73,7 @@ end
 local now_ms, now_text = clock()
 if fields[3] and fields[3] ~= '' then
   -- Its slot freed, and handed to the next parked task of its scope (G14).
-  limit_release(limit_prefix(KEYS[3]), KEYS[1], id, now_text)
+  limit_release(limit_prefix(KEYS[3]), KEYS[1], id, now_text, KEYS[5])
 end
 if KEYS[8] and KEYS[8] ~= '' then
   local history = redis.call('LRANGE', KEYS[2], 0, -1)
