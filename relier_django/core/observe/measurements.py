@@ -23,6 +23,7 @@ from typing import Any
 import redis
 
 from ..model.config import Config
+from ..model.rates import Rate
 from ..store.connection import execute_timed, timed_pipeline
 from ..store.keys import KeySpace
 from . import limits as flow
@@ -301,8 +302,10 @@ def read(
     *,
     broker_depth: Callable[[], int] | None = None,
     task_limit: int = live.TASK_LIST_LIMIT,
+    limit_rates: Mapping[str, Rate] | None = None,
 ) -> Figures:
-    """Read every figure: a few round trips, plus the in-flight scan (``live.scan``).
+    """Read every figure: a few round trips, plus the in-flight scan (``live.scan``)
+    and the flow-control reading (``limits.read``, given the tasks' own rates).
 
     ``broker_depth`` counts the recovery queue's messages on the broker (the Django
     layer passes one built from the Celery app); without it the depth reads 0."""
@@ -338,7 +341,7 @@ def read(
         windows=_slo(windows, now_ms, objective),
         minutes=_minutes(windows, now_ms),
         objective=objective,
-        limits=flow.read(client, config),
+        limits=flow.read(client, config, limit_rates),
         throttled=_throttled(counters),
         limit_wait={
             name.removeprefix("lim_wait:"): h
