@@ -180,7 +180,12 @@ class _Figures(Collector):
             "Tasks parked waiting for a slot, per task or named limit (every key summed).",
             labels=["scope"],
         )
-        for family, (n_used, n_parked) in sorted(f.limits.by_family().items()):
+        now = f.limits.by_family()
+        # A family that ever waited keeps its series at 0 once its keys are gone, so a
+        # drained limit reads 0, not "no data".
+        seen = {family for family, _ in f.throttled} | set(f.limit_wait) | set(now)
+        for family in sorted(seen):
+            n_used, n_parked = now.get(family, (0, 0))
             used.add_metric([family], n_used)
             parked.add_metric([family], n_parked)
         yield used
