@@ -13,6 +13,7 @@ freed slot handed over by commit.lua.
 from __future__ import annotations
 
 import io
+import json
 import re
 import time
 
@@ -148,6 +149,14 @@ def test_parked_tasks_are_seen_everywhere_and_the_drain_is_measured(
     assert f"  {SHARED}: 2/2 held, 2 parked under 2 key(s), oldest waiting" in text
     assert f"  {SEQ}|x: 1/1 held, 2 parked under 1 key(s)" in text
     assert f"  {SHARED}: waited for a slot 2, for the rate 0; parked -> granted none yet" in text
+    out = io.StringIO()
+    call_command("relier_status", "--json", stdout=out)
+    as_json = json.loads(out.getvalue())["limits"]
+    assert [(s["scope"], s["in_use"], s["parked"]) for s in as_json["scopes"]] == [
+        (SHARED, 2, 2),
+        (f"{SEQ}|x", 1, 2),
+    ]
+    assert {"family": SHARED, "by": "slot", "count": 2} in as_json["throttled"]
 
     # -- Prometheus ---------------------------------------------------------------------
     samples = _scrape(client)
