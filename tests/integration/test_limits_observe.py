@@ -73,13 +73,15 @@ def _staff(client, django_user_model, *codenames: str):  # type: ignore[no-untyp
 
 
 def _park(redis_client: redis.Redis) -> dict[str, list[str]]:
-    """With no worker: 'shared' (2 slots for every tenant) gets big0, big1 (slots),
+    """With no worker: 'shared' (2 slots for every tenant) gets big0 (which runs 1.5 s
+    once a worker starts), big1 (slots),
     big2 and small0 (parked, one per tenant); 'sequence' (1 slot per customer) gets x0
     (its slot) and x1, x2 (parked under its one line)."""
     ids: dict[str, list[str]] = {"shared": [], "seq": []}
     for label, tenant in (("big0", "big"), ("big1", "big"), ("big2", "big"), ("small0", "small")):
+        sleep_s = 1.5 if label == "big0" else 0.05  # big0 holds its slot long enough to see
         ids["shared"].append(
-            limit_tasks.shared.push_with(on_commit=False).push(RUN, tenant, label, 0.05).task_id
+            limit_tasks.shared.push_with(on_commit=False).push(RUN, tenant, label, sleep_s).task_id
         )
     for i in range(3):
         ids["seq"].append(
@@ -172,6 +174,14 @@ def test_parked_tasks_are_seen_everywhere_and_the_drain_is_measured(
 
     # -- the drain ----------------------------------------------------------------------
     worker_factory(concurrency=4)
+
+    def big0_running() -> limits.Holder | None:
+        scope = limits.read().scope(SHARED)
+        held = [h for h in scope.holders if h.task_id == ids["shared"][0]] if scope else []
+        return held[0] if held and held[0].state == "running" else None
+
+    running = wait_until(big0_running, 30, what="big0 running in its slot")
+    assert "@" in running.worker and running.fence == 1  # the worker that holds it now
     wait_until(lambda: redis_client.llen(f"demo:lim:{RUN}") == 14, 60, what="every run recorded")
     wait_until(lambda: not limits.read().scopes, 30, what="every slot freed")
     samples = _scrape(client)
