@@ -133,6 +133,7 @@ def test_parked_tasks_are_seen_everywhere_and_the_drain_is_measured(
     assert 'class="named-limit"><th scope="row">shared</th><td>2</td>' in page
     overview = client.get(reverse(PREFIX + "overview")).content.decode()
     assert f'href="{reverse(PREFIX + "limits")}" id="limits-link"' in overview
+    assert re.search(r'id="limits-summary">3 slots held, 4 parked</a>', overview)
     scope_page = client.get(rows[0][0].replace("&amp;", "&")).content.decode()
     for task_id in ids["shared"][:2]:
         assert reverse(PREFIX + "task", args=[task_id]) in scope_page
