@@ -75,10 +75,16 @@ def _staff(client, django_user_model, *codenames: str):  # type: ignore[no-untyp
 def _park(redis_client: redis.Redis) -> dict[str, list[str]]:
     """With no worker: 'shared' (2 slots for every tenant) gets big0 (which runs 1.5 s
     once a worker starts), big1 (slots),
-    big2 and small0 (parked, one per tenant); 'sequence' (1 slot per customer) gets x0
+    big2 and small0 (parked, one per tenant; small0's tenant ends like a slots
+    hash's name, which the reader must not mistake for one); 'sequence' (1 slot per customer) gets x0
     (its slot) and x1, x2 (parked under its one line)."""
     ids: dict[str, list[str]] = {"shared": [], "seq": []}
-    for label, tenant in (("big0", "big"), ("big1", "big"), ("big2", "big"), ("small0", "small")):
+    for label, tenant in (
+        ("big0", "big"),
+        ("big1", "big"),
+        ("big2", "big"),
+        ("small0", "small:run"),
+    ):
         sleep_s = 1.5 if label == "big0" else 0.05  # big0 holds its slot long enough to see
         ids["shared"].append(
             limit_tasks.shared.push_with(on_commit=False).push(RUN, tenant, label, sleep_s).task_id
@@ -108,7 +114,7 @@ def test_parked_tasks_are_seen_everywhere_and_the_drain_is_measured(
     # One line per tenant, in turn order (the order their first task parked).
     assert [(p.key, p.parked, p.oldest_task_id) for p in shared.parked] == [
         ("big", 1, ids["shared"][2]),
-        ("small", 1, ids["shared"][3]),
+        ("small:run", 1, ids["shared"][3]),
     ]
     elapsed_s = (found.at_ms - pushed_ms) / 1000
     assert 0.4 <= shared.oldest_wait_s <= elapsed_s + 1.0
@@ -142,7 +148,7 @@ def test_parked_tasks_are_seen_everywhere_and_the_drain_is_measured(
         r'<td class="field-parked">(\d+)</td><td><a href="[^"]+">([^<]+)</a></td>',
         scope_page,
     )
-    assert lines == [("big", "1", ids["shared"][2]), ("small", "1", ids["shared"][3])]
+    assert lines == [("big", "1", ids["shared"][2]), ("small:run", "1", ids["shared"][3])]
     gone = client.get(reverse(PREFIX + "limit") + "?scope=n%3Anone")
     assert gone.status_code == 404
 

@@ -7,8 +7,10 @@ when its tasks are done: G7), so the reader finds them by a ``SCAN`` of the flow
 control keys (``KeySpace.limit_pattern``): a scope in use has its slots hash (every
 parked task waits behind full slots, so a scope with parked tasks has one too), a
 rate its reservation string. A SCAN walks the whole keyspace in steps of ``_STEP``
-keys; past ``SCAN_LIMIT`` steps the reading says it is partial (``truncated``). Every
-figure is then read in two more round trips, on the Redis clock.
+keys (one pass, no ``TYPE`` filter: Redis 5 has none); past ``SCAN_LIMIT`` steps the
+reading says it is partial (``truncated``). The figures then take four more round
+trips (the candidates' types, the scopes, their tasks, each line's oldest), on the
+Redis clock.
 """
 
 from __future__ import annotations
@@ -135,24 +137,28 @@ class Limits:
 
 def _discover(client: redis.Redis, keys: KeySpace) -> tuple[set[str], set[str], bool]:
     """The scopes with slots held, the rate scopes with reservations, and whether the
-    SCAN stopped early. Only a slots hash is a hash and only a rate's reservation is a
-    string under ``lim:``: a parked list's key name cannot be mistaken for either."""
+    SCAN stopped early. A parked list's key ends with its user's key, which may itself
+    end in ':run' or ':tat': each candidate's TYPE settles it (only a slots hash is a
+    hash, only a rate's reservation a string, under ``lim:``)."""
     base = len(keys.limit_pattern()) - 1
-    slots: set[str] = set()
-    rates: set[str] = set()
-    for kind, suffix, found in (("hash", ":run", slots), ("string", ":tat", rates)):
-        cursor, steps = 0, 0
-        while True:
-            cursor, names = client.scan(cursor, match=keys.limit_pattern(), count=_STEP,
-                                        _type=kind)  # fmt: skip
-            found.update(as_text(n)[base : -len(suffix)] for n in names
-                         if as_text(n).endswith(suffix))  # fmt: skip
-            steps += 1
-            if not cursor:
-                break
-            if steps >= SCAN_LIMIT:
-                return slots, rates, True
-    return slots, rates, False
+    candidates: list[str] = []
+    cursor, steps, truncated = 0, 0, False
+    while True:
+        cursor, names = client.scan(cursor, match=keys.limit_pattern(), count=_STEP)
+        candidates += [t for t in map(as_text, names) if t.endswith((":run", ":tat"))]
+        steps += 1
+        if not cursor:
+            break
+        if steps >= SCAN_LIMIT:
+            truncated = True
+            break
+    pipe = client.pipeline(transaction=False)
+    for name in candidates:
+        pipe.type(name)
+    kinds = [as_text(k) for k in pipe.execute()] if candidates else []
+    slots = {n[base:-4] for n, k in zip(candidates, kinds, strict=True) if k == "hash"}
+    rates = {n[base:-4] for n, k in zip(candidates, kinds, strict=True) if k == "string"}
+    return slots, rates, truncated
 
 
 def read(client: redis.Redis, config: Config, rates: Mapping[str, Rate] | None = None) -> Limits:
