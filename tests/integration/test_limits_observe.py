@@ -74,10 +74,10 @@ def _staff(client, django_user_model, *codenames: str):  # type: ignore[no-untyp
 
 def _park(redis_client: redis.Redis) -> dict[str, list[str]]:
     """With no worker: 'shared' (2 slots for every tenant) gets big0 (which runs 1.5 s
-    once a worker starts), big1 (slots),
-    big2 and small0 (parked, one per tenant; small0's tenant ends like a slots
-    hash's name, which the reader must not mistake for one); 'sequence' (1 slot per customer) gets x0
-    (its slot) and x1, x2 (parked under its one line)."""
+    once a worker starts) and big1 (slots), big2 and small0 (parked, one per tenant;
+    small0's tenant ends like a slots hash's name, which the reader must not mistake
+    for one); 'sequence' (1 slot per customer) gets x0 (its slot) and x1, x2 (parked
+    under its one line)."""
     ids: dict[str, list[str]] = {"shared": [], "seq": []}
     for label, tenant in (
         ("big0", "big"),
