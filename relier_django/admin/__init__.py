@@ -23,6 +23,7 @@ from django.urls import URLPattern, path, re_path
 
 from ..models import MANAGE_PERMISSION, VIEW_PERMISSION, DeadLetter
 from . import dlq as admin_views
+from . import limits as admin_limits
 from . import overview as admin_overview
 from . import schedule as admin_schedule
 from . import task as admin_task
@@ -99,6 +100,9 @@ class DeadLetterAdmin(admin.ModelAdmin):
             # Read-only schedule pages (docs/scheduling.md): the view permission suffices.
             path("scheduled/", wrap(admin_schedule.scheduled_list), name=f"{info}_scheduled"),
             path("periodic/", wrap(admin_schedule.periodic_list), name=f"{info}_periodic"),
+            # Flow control (docs/flow-control.md): read-only, view permission.
+            path("limits/", wrap(admin_limits.limit_list), name=f"{info}_limits"),
+            path("limits/scope/", wrap(admin_limits.limit_scope), name=f"{info}_limit"),
             # The cluster at a glance (docs/admin-overview.md): read-only, view permission.
             path("overview/", wrap(admin_overview.overview), name=f"{info}_overview"),
             re_path(

@@ -189,6 +189,11 @@ def _figures(f: Figures, task_url: Callable[[str], str]) -> dict[str, Any]:
         "workers": f.live.workers,
         "in_flight": list(f.live.by_state.items()),
         "oldest_queued": duration(f.live.oldest_queued_s),
+        # Flow control: slots held and tasks parked, every scope summed (its own page).
+        "limits_in_use": (
+            sum(s.in_use for s in f.limits.scopes),
+            sum(s.parked_total for s in f.limits.scopes),
+        ),
         "totals": totals(f),
         "latency": latency_rows(f),
         "slo": slo_rows(f),

@@ -35,7 +35,8 @@ View = Callable[..., HttpResponse]
 
 def url(model_admin: ModelAdmin, page: str, *args: str) -> str:
     """The URL of one of the Relier pages (``changelist``, ``detail``, ``overview``,
-    ``task``, ``scheduled``, ``periodic``, ``actions``) in ``model_admin``'s site."""
+    ``task``, ``scheduled``, ``periodic``, ``actions``, ``limits``, ``limit``) in
+    ``model_admin``'s site."""
     name = f"admin:{model_admin.opts.app_label}_{model_admin.opts.model_name}_{page}"
     found: str = reverse(name, args=args, current_app=model_admin.admin_site.name)
     return found

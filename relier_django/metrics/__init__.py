@@ -23,6 +23,7 @@ from ..core.broker.depth import queue_depth
 from ..core.observe import live, measurements
 from ..core.observe.measurements import Figures
 from ..core.store.connection import sync_client
+from ..readers import limits
 
 logger = logging.getLogger("relier_django.metrics")
 
@@ -38,6 +39,7 @@ def read(task_limit: int = live.TASK_LIST_LIMIT) -> Figures:
         cfg,
         broker_depth=lambda: queue_depth(app, cfg.recovery_queue),
         task_limit=task_limit,
+        limit_rates=limits.task_rates(),
     )
 
 

@@ -159,10 +159,57 @@ class _Figures(Collector):
             if rows is not None:
                 backlog.add_metric([alias], rows)
         yield backlog
+        yield from self._limits()
         yield GaugeMetricFamily(
             "relier_in_flight_scan_truncated",
             f"1 when more than {live.SCAN_LIMIT} tasks are in flight (the counts cover those).",
             value=1 if f.live.truncated else 0,
+        )
+
+    def _limits(self) -> Iterator[Any]:
+        """Flow control, one series per task or named limit (a scope's family), never
+        per key: a key is a user's value (a tenant, a customer), unbounded in number."""
+        f = self.found
+        used = GaugeMetricFamily(
+            "relier_limit_slots_in_use",
+            "Concurrency slots held, per task or named limit (every key summed).",
+            labels=["scope"],
+        )
+        parked = GaugeMetricFamily(
+            "relier_limit_parked",
+            "Tasks parked waiting for a slot, per task or named limit (every key summed).",
+            labels=["scope"],
+        )
+        now = f.limits.by_family()
+        # A family that ever waited keeps its series at 0 once its keys are gone, so a
+        # drained limit reads 0, not "no data".
+        seen = {family for family, _ in f.throttled} | set(f.limit_wait) | set(now)
+        for family in sorted(seen):
+            n_used, n_parked = now.get(family, (0, 0))
+            used.add_metric([family], n_used)
+            parked.add_metric([family], n_parked)
+        yield used
+        yield parked
+        throttled = CounterMetricFamily(
+            "relier_tasks_throttled",
+            "Tasks that had to wait: for a slot (parked) or for their rate's time.",
+            labels=["scope", "by"],
+        )
+        for (family, by), n in sorted(f.throttled.items()):
+            throttled.add_metric([family, by], n)
+        yield throttled
+        wait = _histogram(
+            "relier_limit_wait_seconds",
+            "Flow control: from parked to handed a freed slot, per task or named limit.",
+            ["scope"],
+        )
+        for family, h in sorted(f.limit_wait.items()):
+            wait.add_metric([family], _buckets(h), h.sum_s)
+        yield wait
+        yield GaugeMetricFamily(
+            "relier_limit_scan_truncated",
+            "1 when the flow-control reading stopped early (the limit gauges are partial).",
+            value=1 if f.limits.truncated else 0,
         )
 
 

@@ -82,7 +82,8 @@ def dies_once(ctx: TaskContext, run: str) -> dict:
 
 @rl_task(name="demo.progress.inline")
 def inline(ctx: TaskContext, run: str, gate_s: float = 0.0) -> dict:
-    """For eager mode: reports progress, then waits ``gate_s`` for its gate (fence 0)."""
+    """For eager mode: reports progress, then waits for its gate (fence 1, as a worker's
+    first incarnation holds)."""
     ctx.set_progress({"step": "first"}, state="WORKING")
     if gate_s:
         _wait_gate(run, ctx.fence_token)

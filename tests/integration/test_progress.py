@@ -183,10 +183,10 @@ def test_an_eager_run_s_progress_is_read_from_memory_while_it_runs(relier_result
         pushing.start()
         wait_until(lambda: AsyncResult(task_id).state == "WORKING", 30, what="eager progress")
         assert AsyncResult(task_id).info == {"step": "first"}
-        open_gate(redis_client, "eager", 0)
+        open_gate(redis_client, "eager", 1)  # an eager run holds fence 1, as a worker's
         pushing.join(30)
     finally:
-        open_gate(redis_client, "eager", 0)
+        open_gate(redis_client, "eager", 1)
         pushing.join(30)
         eager.override(None)
     (receipt,) = receipts

@@ -22,6 +22,8 @@ PAGES = [
     pytest.param("task", ("some-task",), None, id="task"),
     pytest.param("scheduled", (), None, id="scheduled"),
     pytest.param("periodic", (), None, id="periodic"),
+    pytest.param("limits", (), None, id="limits"),
+    pytest.param("limit", (), None, id="limit-scope"),
 ]
 
 COMMANDS = [

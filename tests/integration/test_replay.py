@@ -413,6 +413,18 @@ def schedule_take_gated(cfg: config.Config, client: redis.Redis) -> Any:
     return _take_call(cfg).run(client)
 
 
+def schedule_take_waits_for_rate(cfg: config.Config, client: redis.Redis) -> Any:
+    """Its rate's time is reserved far ahead: it is made due then and counted as
+    having waited for its rate (thr:rate:<family>), once."""
+    env = _env(cfg)
+    when = Timing(countdown_ms=60_000)
+    assert idempotency.store(_keys(cfg), env, env.encode(), 60_000, 3, token="p", when=when,
+                             gate=RATED).run(client).scheduled  # fmt: skip
+    client.set(_keys(cfg).limit_rate(RATED.rate_scope), 4_000_000_000_000)  # in 2096
+    client.zadd(_keys(cfg).schedule, {env.id: 1})
+    return _take_call(cfg).run(client)
+
+
 def schedule_take_parks(cfg: config.Config, client: redis.Redis) -> Any:
     _holder(cfg, client)
     env = _env(cfg)
@@ -567,6 +579,7 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "push+parked": ("push", Case(push_parked)),
     "schedule_take+gate": ("schedule_take", Case(schedule_take_gated)),
     "schedule_take+parks": ("schedule_take", Case(schedule_take_parks)),
+    "schedule_take+waits_rate": ("schedule_take", Case(schedule_take_waits_for_rate)),
     "commit+hands_over": ("commit", Case(commit_hands_over)),
     "commit+gated_successor": ("commit", Case(commit_gated_successor)),
     "dead_letter+hands_over": ("dead_letter", Case(dead_letter_hands_over)),
@@ -574,8 +587,8 @@ VARIANTS: dict[str, tuple[str, Case]] = {
 }
 # Flow control runs on an unpartitioned store only (model/limits.py refuses it at push).
 _UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_take+parks",
-                  "commit+hands_over", "commit+gated_successor", "dead_letter+hands_over",
-                  "cancel+parked"}  # fmt: skip
+                  "schedule_take+waits_rate", "commit+hands_over", "commit+gated_successor",
+                  "dead_letter+hands_over", "cancel+parked"}  # fmt: skip
 
 
 def _script_names() -> list[str]:

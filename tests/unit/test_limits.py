@@ -106,3 +106,39 @@ def test_an_undefined_named_limit_is_a_config_error_naming_the_fix():
 
 def test_a_task_without_flow_control_has_no_gate():
     assert limits.gate_of("t", limits.TaskLimits(), {}, SIG, ("a",), {}) is None
+
+
+def test_the_readers_flow_control_key_names_are_the_ones_limits_lua_builds():
+    """_limits.lua names a scope's keys itself (limit_key: '<P>:lim:<scope>:<what>'); the
+    reader (observe/limits.py) finds them by keys.py's names: every kind the script
+    builds must be one keys.py names the same way."""
+    import re
+    from pathlib import Path
+
+    import relier_django.core.store as store
+
+    lua = (Path(store.__file__).parent / "lua" / "_limits.lua").read_text()
+    assert "return prefix .. ':lim:' .. scope .. ':' .. what" in lua
+    built = set(re.findall(r"limit_key\([^,()]+,\s*[^,()]+,\s*'([a-z]+:?)'", lua))
+    assert built == {"run", "ring", "w:", "tat"}
+    keys = KeySpace("rl")
+    prefix = keys.expiry[: -len(":expiry")]
+    scope = "t:app.charge|cust:7"
+    named = {
+        "run": keys.limit_run(scope),
+        "ring": keys.limit_ring(scope),
+        "w:": keys.limit_parked(scope, "cust:7"),
+        "tat": keys.limit_rate(scope),
+    }
+    for what, name in named.items():
+        tail = "cust:7" if what == "w:" else ""
+        assert name == f"{prefix}:lim:{scope}:{what}{tail}"
+    assert keys.limit_pattern() == f"{prefix}:lim:*"
+
+
+def test_a_scope_s_family_drops_its_key_only():
+    from relier_django.core.observe.limits import family_of
+
+    assert family_of("t:app.charge|cust:7") == "t:app.charge"
+    assert family_of("n:stripe") == "n:stripe"
+    assert family_of("n:sms|tenant|x") == "n:sms"

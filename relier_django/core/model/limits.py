@@ -215,12 +215,16 @@ def gate_of(
     # scope is the limit's, and the key only says whose turn a freed slot is.
     scope = base + (_SEP + key if key is not None and own_key else "")
     parked = key if key is not None and not own_key else ""
-    interval = burst = 0
-    if rate is not None:
-        interval = max(1, rate.window_ms // rate.limit)
-        burst = interval * (rate.limit - 1)
+    interval, burst = emission(rate) if rate is not None else (0, 0)
     return Gate(scope if capacity else "", parked if capacity else "", capacity or 0,
                 scope if rate is not None else "", interval, burst)  # fmt: skip
+
+
+def emission(rate: Rate) -> tuple[int, int]:
+    """A rate as its GCRA keeps it: (the emission interval, the burst allowance), ms.
+    A dispatch may go once the scope's reserved time, less the allowance, has come."""
+    interval = max(1, rate.window_ms // rate.limit)
+    return interval, interval * (rate.limit - 1)
 
 
 def _key_of(

@@ -23,8 +23,10 @@ from typing import Any
 import redis
 
 from ..model.config import Config
+from ..model.rates import Rate
 from ..store.connection import execute_timed, timed_pipeline
 from ..store.keys import KeySpace
+from . import limits as flow
 from . import live
 
 # Histogram bucket upper bounds, ms; _metrics.lua's METRIC_BOUNDS_MS (a unit test keeps
@@ -137,6 +139,11 @@ class Figures:
     minutes: tuple[Minute, ...]  # the last 60, oldest first
     objective: float
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # Flow control (docs/flow-control.md): the scopes in use, tasks that had to wait
+    # by (family, 'slot' | 'rate'), and the parked -> granted wait by family.
+    limits: flow.Limits = field(default_factory=lambda: flow.Limits(0, (), False))
+    throttled: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    limit_wait: Mapping[str, Histogram] = field(default_factory=dict)
 
     @property
     def recovery_all(self) -> Histogram:
@@ -196,6 +203,14 @@ class Figures:
             ],
             "tasks": [t.to_json() for t in self.live.tasks],
             "scan_truncated": self.live.truncated,
+            "limits": {
+                **self.limits.to_json(),
+                "throttled": [
+                    {"family": family, "by": by, "count": n}
+                    for (family, by), n in sorted(self.throttled.items())
+                ],
+                "wait": {family: hist(h) for family, h in sorted(self.limit_wait.items())},
+            },
         }
 
 
@@ -287,8 +302,10 @@ def read(
     *,
     broker_depth: Callable[[], int] | None = None,
     task_limit: int = live.TASK_LIST_LIMIT,
+    limit_rates: Mapping[str, Rate] | None = None,
 ) -> Figures:
-    """Read every figure: a few round trips, plus the in-flight scan (``live.scan``).
+    """Read every figure: a few round trips, plus the in-flight scan (``live.scan``)
+    and the flow-control reading (``limits.read``, given the tasks' own rates).
 
     ``broker_depth`` counts the recovery queue's messages on the broker (the Django
     layer passes one built from the Celery app); without it the depth reads 0."""
@@ -324,7 +341,25 @@ def read(
         windows=_slo(windows, now_ms, objective),
         minutes=_minutes(windows, now_ms),
         objective=objective,
+        limits=flow.read(client, config, limit_rates),
+        throttled=_throttled(counters),
+        limit_wait={
+            name.removeprefix("lim_wait:"): h
+            for name, h in histograms.items()
+            if name.startswith("lim_wait:")
+        },
     )
+
+
+def _throttled(counters: Mapping[str, int]) -> dict[tuple[str, str], int]:
+    # 'thr:slot:<family>', 'thr:rate:<family>' (_limits.lua)
+    found = {}
+    for name, n in counters.items():
+        kind, sep, by_family = name.partition(":")
+        by, sep2, family = by_family.partition(":")
+        if kind == "thr" and sep and sep2 and by in ("slot", "rate"):
+            found[(family, by)] = n
+    return found
 
 
 def _labelled(counters: Mapping[str, int], prefix: str) -> dict[str, int]:

@@ -38,6 +38,10 @@ exactly the unpartitioned one: ``<p>`` is the prefix.
 | ``<p>:lock:{name}:by``      | string | attempt id that took the current token; TTL one lock TTL |
 | ``<p>:rcpt:<token>``        | string | a call's reply, for its replay after a lost reply; TTL   |
 | ``<p>:rl:{<scope>:<sha256>}`` | hash | a rate limiter's window {w, c, p}; TTL 2 windows        |
+| ``<p>:lim:<scope>:run``     | hash   | flow control: task id -> fence, the slots held (G14)     |
+| ``<p>:lim:<scope>:ring``    | list   | the keys with parked tasks, in turn order; empties      |
+| ``<p>:lim:<scope>:w:<key>`` | list   | the ids parked under one key, in push order; empties    |
+| ``<p>:lim:<scope>:tat``     | string | a rate's theoretical arrival time (ms); TTL past it     |
 | ``<p>:m``                   | hash   | metrics: counters, histogram buckets; no TTL, bounded   |
 | ``<p>:m:w``                 | hash   | metrics: per-minute (120) and per-hour (80) ring slots  |
 | ``<p>:workers``             | zset   | worker main process id -> liveness deadline (ms)        |
@@ -294,6 +298,27 @@ class KeySpace:
         digest = hashlib.sha256(key.encode()).hexdigest()
         return f"{self.root}:rl:{{{scope}:{digest}}}"
 
+    # Flow control's keys (G14). The scripts build these names themselves, in
+    # _limits.lua's limit_key, from the expiry index's prefix: a scope is only known
+    # from the task's hash, inside the script. These methods name them for the readers
+    # (observe/limits.py), and tests/unit/test_limits.py keeps the two spellings equal.
+    # Unpartitioned stores only, as flow control is.
+    def limit_run(self, scope: str) -> str:
+        return f"{self.prefix}:lim:{scope}:run"
+
+    def limit_ring(self, scope: str) -> str:
+        return f"{self.prefix}:lim:{scope}:ring"
+
+    def limit_parked(self, scope: str, key: str) -> str:
+        return f"{self.prefix}:lim:{scope}:w:{key}"
+
+    def limit_rate(self, scope: str) -> str:
+        return f"{self.prefix}:lim:{scope}:tat"
+
+    def limit_pattern(self) -> str:
+        """A SCAN pattern matching every flow-control key."""
+        return f"{self.prefix}:lim:*"
+
     @property
     def metrics_counters(self) -> str:
         return f"{self._whole('metrics_counters').prefix}:m"
@@ -490,7 +515,7 @@ class KeySpace:
     def for_schedule_take(self, task_ids: Iterable[str]) -> list[str]:
         task_ids = list(task_ids)
         p = self._one(task_ids)
-        return [p.schedule, p.expiry, *(p.task(t) for t in task_ids)]
+        return [p.schedule, p.expiry, *(p.task(t) for t in task_ids), *p._counted()[:1]]
 
     def for_schedule_sent(self, task_ids: Iterable[str]) -> list[str]:
         task_ids = list(task_ids)

@@ -1,10 +1,10 @@
 """``manage.py relier_status``: the cluster at a glance, read from relier's Redis.
 
 Workers alive and the tasks they hold, in-flight tasks by state (with age and fence),
-the recovery figures, the scheduled and periodic work, the DLQ, the scanner leader and
-the SLO windows. ``--watch`` redraws it every few seconds, like ``top``; ``--json``
-prints the same figures as one JSON object (the figures the metrics endpoint serves;
-docs/observability.md).
+the recovery figures, the scheduled and periodic work, the DLQ, flow control's limits
+in use, the scanner leader and the SLO windows. ``--watch`` redraws it every few
+seconds, like ``top``; ``--json`` prints the same figures as one JSON object (the
+figures the metrics endpoint serves; docs/observability.md).
 """
 
 from __future__ import annotations
@@ -86,12 +86,51 @@ def render(f: Figures, periodic: list[str]) -> list[str]:
         f"scheduled: {by.get('scheduled', 0)} task(s)",
     ]
     lines += periodic
+    lines += _limits(f)
     lines += ["", f"SLO (objective {f.objective:.3%}):"]
     lines += [
         f"  {w.name}: success {w.ratio:.4%} ({w.committed} committed, {w.dead_lettered} "
         f"dead-lettered), budget burn {w.burn:.2f}x"
         for w in f.windows
     ]
+    return lines
+
+
+SCOPES_LISTED = 20  # the busiest scopes (most parked, then most slots held)
+
+
+def _limits(f: Figures) -> list[str]:
+    """Flow control: the scopes in use, the busiest first, what had to wait and how
+    long a parked task waited for its slot, per task or named limit."""
+    scopes = f.limits.scopes
+    used = sum(s.in_use for s in scopes)
+    parked = sum(s.parked_total for s in scopes)
+    lines = [
+        "",
+        f"limits: {len(scopes)} scope(s) in use, {used} slot(s) held, {parked} parked"
+        + ("   (scan truncated)" if f.limits.truncated else ""),
+    ]
+    busiest = sorted(scopes, key=lambda s: (-s.parked_total, -s.in_use, s.scope))
+    for s in busiest[:SCOPES_LISTED]:
+        line = f"  {s.scope}: {s.in_use}" + (f"/{s.capacity}" if s.capacity else "") + " held"
+        if s.parked:
+            line += f", {s.parked_total} parked under {len(s.parked)} key(s), "
+            line += f"oldest waiting {_s(s.oldest_wait_s)}"
+        if s.rate_next_free_ms is not None:
+            line += f", rate free in {_s(max(0, s.rate_next_free_ms - f.limits.at_ms) / 1000)}"
+        elif s.rate_reserved_until_ms is not None:
+            line += f", rate reserved up to {utc_text(s.rate_reserved_until_ms)}"
+        lines.append(line)
+    if len(busiest) > SCOPES_LISTED:
+        lines.append(f"  ... and {len(busiest) - SCOPES_LISTED} more")
+    families = sorted({family for family, _ in f.throttled} | set(f.limit_wait))
+    for family in families:
+        slot, rate = f.throttled.get((family, "slot"), 0), f.throttled.get((family, "rate"), 0)
+        wait = f.limit_wait.get(family, Histogram())
+        lines.append(
+            f"  {family}: waited for a slot {slot}, for the rate {rate}; "
+            f"parked -> granted {_quantiles(wait)}"
+        )
     return lines
 
 
@@ -112,7 +151,8 @@ def _periodic() -> list[str]:
 class Command(BaseCommand):
     help = (
         "Show the cluster: workers, in-flight tasks by state, recovery latency, the "
-        "recovery queue, scheduled and periodic work, the DLQ, the scanner leader and the "
+        "recovery queue, scheduled and periodic work, the DLQ, the limits in use, the "
+        "scanner leader and the "
         "SLO windows. --watch refreshes it; --json prints one JSON object."
     )
 

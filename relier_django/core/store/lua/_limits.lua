@@ -20,6 +20,11 @@
 -- A slot is the task's from its grant to its end (commit, DLQ, cancel): a resurrected
 -- or retried incarnation keeps it (an ordered key stays in order), a zombie's fence
 -- moved, so its commit is refused and frees nothing.
+-- Metrics (_metrics.lua, included before this file; mkey '' counts nothing), labelled
+-- by a scope's family (the scope up to its key: 't:<task>' or 'n:<limit>', never one
+-- label per key): 'thr:slot:<family>' and 'thr:rate:<family>' count the tasks that had
+-- to wait for a slot or for their rate's time, 'h:lim_wait:<family>:*' observes the
+-- wait from parked to granted (core/observe/measurements.py reads them).
 
 local function limit_prefix(expiry_key)
   -- '<P>:expiry', as keys.py names the expiry index (tests/unit/test_limits.py).
@@ -28,6 +33,10 @@ end
 
 local function limit_key(prefix, scope, what)
   return prefix .. ':lim:' .. scope .. ':' .. what
+end
+
+local function limit_family(scope)
+  return string.match(scope, '^[^|]*')
 end
 
 -- Due again now, in the schedule index, and the scanner leader woken for it.
@@ -40,7 +49,7 @@ end
 
 -- The parked tasks of scope, handed the free slots in turn, key after key: each is
 -- granted a slot and made due now (the leader dispatches it). Returns how many.
-local function limit_hand_over(prefix, scope, capacity, now_text)
+local function limit_hand_over(prefix, scope, capacity, now_text, mkey)
   local run, ring = limit_key(prefix, scope, 'run'), limit_key(prefix, scope, 'ring')
   local handed = 0
   while redis.call('HLEN', run) < capacity do
@@ -55,8 +64,10 @@ local function limit_hand_over(prefix, scope, capacity, now_text)
     end
     if next_id then
       local next_hash = prefix .. ':t:{' .. next_id .. '}'  -- keys.py's task(id)
-      local g = redis.call('HMGET', next_hash, 'state', 'fence')
+      local g = redis.call('HMGET', next_hash, 'state', 'fence', 'parked_ms')
       if g[1] == 'parked' then
+        metric_observe(mkey, 'lim_wait:' .. limit_family(scope),
+          tonumber(now_text) - tonumber(g[3] or now_text))
         redis.call('HSET', run, next_id, g[2])
         redis.call('HSET', next_hash, 'lim_h', '1')
         limit_schedule(prefix, next_hash, next_id, now_text)
@@ -79,7 +90,7 @@ end
 
 -- A task's end: its slot (if it holds one) freed and handed over; a parked task taken
 -- out of its key's line. Call before the task's hash is deleted.
-local function limit_release(prefix, hash, id, now_text)
+local function limit_release(prefix, hash, id, now_text, mkey)
   local g = redis.call('HMGET', hash, 'lim', 'lim_k', 'lim_n', 'lim_h', 'state')
   if not g[1] or g[1] == '' then
     return
@@ -95,7 +106,7 @@ local function limit_release(prefix, hash, id, now_text)
   if g[4] == '1' then
     redis.call('HDEL', limit_key(prefix, g[1], 'run'), id)
     redis.call('HSET', hash, 'lim_h', '0')
-    limit_hand_over(prefix, g[1], tonumber(g[3]), now_text)
+    limit_hand_over(prefix, g[1], tonumber(g[3]), now_text, mkey)
   end
 end
 
@@ -103,7 +114,7 @@ end
 -- (state 'parked', in no index: the script that frees a slot hands it one). True when
 -- granted. Called by push.lua for a task due at once, so that a key's line is in push
 -- order, and by the leader's dispatch for a task that was due later.
-local function limit_take_slot(prefix, hash, id, scope, key, capacity, fence, now_ms)
+local function limit_take_slot(prefix, hash, id, scope, key, capacity, fence, now_ms, mkey)
   local run = limit_key(prefix, scope, 'run')
   if redis.call('HLEN', run) < capacity then
     redis.call('HSET', run, id, fence)
@@ -115,13 +126,14 @@ local function limit_take_slot(prefix, hash, id, scope, key, capacity, fence, no
     redis.call('RPUSH', limit_key(prefix, scope, 'ring'), key)
   end
   redis.call('HSET', hash, 'state', 'parked', 'parked_ms', string.format('%d', now_ms))
+  metric_count(mkey, 'thr:slot:' .. limit_family(scope))
   return false
 end
 
 -- At dispatch (schedule_take.lua): the task's rate, then its slot (unless it holds one).
 -- Returns 'go' (dispatch it now), 'later' (its reserved dispatch time is to come: it
 -- was made due then), or 'parked' (no slot free: it waits in its key's line).
-local function limit_gate(prefix, hash, id, now_ms)
+local function limit_gate(prefix, hash, id, now_ms, mkey)
   local g = redis.call('HMGET', hash, 'lim', 'lim_k', 'lim_n', 'lim_h', 'rt', 'rt_i', 'rt_b',
     'rt_h', 'fence')
   if g[5] and g[5] ~= '' and g[8] ~= '1' then
@@ -136,11 +148,13 @@ local function limit_gate(prefix, hash, id, now_ms)
     redis.call('HSET', hash, 'rt_h', '1')
     if at > now_ms then
       redis.call('ZADD', prefix .. ':sched', string.format('%d', at), id)
+      metric_count(mkey, 'thr:rate:' .. limit_family(g[5]))
       return 'later'
     end
   end
   if g[1] and g[1] ~= '' and g[4] ~= '1' then
-    if not limit_take_slot(prefix, hash, id, g[1], g[2] or '', tonumber(g[3]), g[9], now_ms) then
+    if not limit_take_slot(prefix, hash, id, g[1], g[2] or '', tonumber(g[3]), g[9], now_ms,
+        mkey) then
       redis.call('ZREM', prefix .. ':sched', id)
       return 'parked'
     end

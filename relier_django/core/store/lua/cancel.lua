@@ -86,7 +86,7 @@ if ARGV[6] ~= '' then
 end
 if f[5] and f[5] ~= '' then
   -- A parked task leaves its line; one holding a slot frees it for the next (G14).
-  limit_release(limit_prefix(KEYS[3]), KEYS[1], id, string.format('%d', now_ms))
+  limit_release(limit_prefix(KEYS[3]), KEYS[1], id, string.format('%d', now_ms), KEYS[6])
 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('ZREM', KEYS[3], id)

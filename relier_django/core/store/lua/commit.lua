@@ -78,7 +78,7 @@ end
 local now_ms, now_text = clock()
 if fields[3] and fields[3] ~= '' then
   -- Its slot freed, and handed to the next parked task of its scope (G14).
-  limit_release(limit_prefix(KEYS[3]), KEYS[1], id, now_text)
+  limit_release(limit_prefix(KEYS[3]), KEYS[1], id, now_text, KEYS[5])
 end
 if KEYS[8] and KEYS[8] ~= '' then
   local history = redis.call('LRANGE', KEYS[2], 0, -1)
@@ -122,7 +122,7 @@ if next_id and redis.call('EXISTS', KEYS[9]) == 0 and redis.call('EXISTS', KEYS[
     redis.call('HSET', KEYS[9], 'due_ms', now_text)
     local prefix = limit_prefix(KEYS[3])
     if scope == '' or limit_take_slot(prefix, KEYS[9], next_id, scope, key, capacity, '1',
-        now_ms) then
+        now_ms, KEYS[5]) then
       limit_schedule(prefix, KEYS[9], next_id, now_text)
     end
   else

@@ -92,7 +92,7 @@ if fenced then
     redis.call('DEL', KEYS[11])
   end
   if gated then  -- its slot freed and handed over (G14)
-    limit_release(limit_prefix(KEYS[3]), KEYS[1], id, string.format('%d', now_ms))
+    limit_release(limit_prefix(KEYS[3]), KEYS[1], id, string.format('%d', now_ms), KEYS[9])
   end
   redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('ZREM', KEYS[3], id)

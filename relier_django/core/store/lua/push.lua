@@ -133,7 +133,7 @@ if gate ~= '' then
   -- Due at once: its slot now, or its place in its key's line, in push order (one due
   -- later takes its slot when due, at the leader's dispatch).
   if scope ~= '' and due <= now_ms and not limit_take_slot(limit_prefix(KEYS[3]), KEYS[1],
-      id, scope, key, capacity, '1', now_ms) then
+      id, scope, key, capacity, '1', now_ms, KEYS[8]) then
     return {1, id, 1}
   end
 end

@@ -6,6 +6,8 @@
 --
 -- KEYS[1]      schedule index (zset)     KEYS[2]  expiry index (zset)
 -- KEYS[2+i]    task hash of the i-th task
+-- KEYS[#ARGV+1]  metrics counters <p>:m ('' when metrics are off): a gated task that
+--              has to wait for its rate's time or for a slot is counted (_limits.lua)
 -- ARGV[1]      lease, ms: how long the caller has to publish before the resurrector may
 -- ARGV[2]      request token: unique per call, the same in a replay of it
 -- ARGV[2+i]    task id of the i-th task
@@ -23,7 +25,9 @@
 -- park it; otherwise it is leased with its slot held.
 -- A replay of this call after a lost reply finds each task it took by the token (field
 -- 'lease') and answers as the first call did.
+-- @include _metrics
 -- @include _limits
+local mkey = KEYS[#ARGV + 1] or ''
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = now_ms + tonumber(ARGV[1])
@@ -48,7 +52,7 @@ for i = 3, #ARGV do
     local due = redis.call('ZSCORE', KEYS[1], id)
     local verdict = 'go'
     if due and tonumber(due) <= now_ms and expired == 0 and ((f[9] or '') ~= '' or (f[10] or '') ~= '') then
-      verdict = limit_gate(prefix, hash, id, now_ms)
+      verdict = limit_gate(prefix, hash, id, now_ms, mkey)
     end
     if not due or tonumber(due) > now_ms or verdict == 'later' then
       reply = {0, due and 'not_due' or 'gone'}
