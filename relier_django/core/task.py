@@ -420,7 +420,7 @@ def rl_task(
     # Celery's own retry options, under Celery's names only (docs/from-celery.md).
     celery_retry: dict[str, Any] = {
         "retry_jitter": ours["retry_jitter"] is not False,
-        "retry_kwargs": ours["retry_kwargs"] or {},
+        "retry_kwargs": tuple(sorted((ours["retry_kwargs"] or {}).items())),
     }
     if ours["default_retry_delay"] is not None:
         celery_retry["default_retry_delay_s"] = ours["default_retry_delay"]

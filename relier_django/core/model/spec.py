@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,8 @@ class TaskSpec:
     retry_jitter: bool = True  # Celery's retry_jitter: jitter on retry_on's backoff
     # Celery's retry_kwargs: retry_on's own max_retries and fixed countdown (used when
     # no retry_backoff is given), e.g. {"max_retries": 5, "countdown": 10}.
-    retry_kwargs: Mapping[str, float] = field(default_factory=dict)
+    # Pairs, not a dict: a spec stays hashable (it keys caches).
+    retry_kwargs: tuple[tuple[str, float], ...] = ()
     # Celery's default_retry_delay: a self.retry() without countdown or eta.
     default_retry_delay_s: float = DEFAULT_RETRY_DELAY_S
     soft_timeout_s: float | None = None  # async: on_soft_timeout runs; def: Celery's soft limit
@@ -80,7 +81,7 @@ class TaskSpec:
     def autoretry_max_retries(self, default: int) -> int:
         """How many times ``retry_on`` retries: ``retry_kwargs["max_retries"]``, else
         ``max_retries``, else ``default`` (the config's)."""
-        limit = self.retry_kwargs.get("max_retries", self.max_retries)
+        limit = dict(self.retry_kwargs).get("max_retries", self.max_retries)
         return default if limit is None else int(limit)
 
     @property
@@ -89,7 +90,7 @@ class TaskSpec:
         ``retry_backoff`` is given; ``None``: the exponential backoff."""
         if self.retry_backoff_s is not None:
             return None
-        countdown = self.retry_kwargs.get("countdown")
+        countdown = dict(self.retry_kwargs).get("countdown")
         return None if countdown is None else float(countdown)
 
     def user_signature(self) -> inspect.Signature:
