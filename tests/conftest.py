@@ -34,6 +34,7 @@ _TIER_BY_DIR = {
     "chaos": "chaos",
     "browser": "browser",
     "cluster": "cluster",
+    "tooling": "tooling",
 }
 
 
