@@ -228,6 +228,14 @@ class RedisServer:
         stop_process(self.process)
 
 
+# relier's clients retry a connection error for REDIS_RETRY_S (3.75 s, up to twice that)
+# before they raise. A test of what an unreachable Redis is answered with (a page, a
+# command, a push, a worker's start) gives this to the process under test, so that it
+# answers at the first refusal instead of waiting the budget out at every call; the
+# tests of the budget itself (riding out a restart, giving up only after it) do not.
+QUICK_REDIS_RETRY_ENV: dict[str, str] = {"RELIER_REDIS_RETRY_S": "0"}
+
+
 def worker_env(redis_url: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a testproject process needs to use the private Redis."""
     env = dict(os.environ)

@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from testproject.harness import CeleryWorker, RedisServer, free_port, reset_celery_connections
+from testproject.harness import (
+    QUICK_REDIS_RETRY_ENV,
+    CeleryWorker,
+    RedisServer,
+    free_port,
+    reset_celery_connections,
+)
 from testproject.lostreply import LostReplyProxy
 from testproject.postgres import PostgresServer
 from testproject.shared_db import SharedDatabase
@@ -241,16 +247,33 @@ def lost_reply(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator
 
 
 @pytest.fixture
-def redis_down(monkeypatch: pytest.MonkeyPatch, settings) -> Iterator[str]:  # type: ignore[no-untyped-def]
+def quick_redis_retry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's relier clients with their retry budget (``REDIS_RETRY_S``) cut to
+    nothing (``QUICK_REDIS_RETRY_ENV``): a connection error is raised at the first
+    refusal, not after 3.75 s or more per call. For the tests of what an unreachable
+    Redis is answered with; never for those of the budget itself. Restored after."""
+    from relier_django import conf
+
+    for name, value in QUICK_REDIS_RETRY_ENV.items():
+        monkeypatch.setenv(name, value)  # the environment wins over settings
+    conf.get_config.cache_clear()
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+        conf.get_config.cache_clear()
+
+
+@pytest.fixture
+def redis_down(quick_redis_retry: None, monkeypatch: pytest.MonkeyPatch, settings) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """relier pointed at a Redis nobody listens at (a free port), with its retry budget
-    (``REDIS_RETRY_S``) cut to nothing: a test of how a page or a command answers an
+    cut to nothing (``quick_redis_retry``): a test of how a page or a command answers an
     unreachable Redis need not wait the budget out (3.75 s or more per call). Yields the
     URL. The environment and the settings are restored after the test."""
     from relier_django import conf
 
     url = f"redis://127.0.0.1:{free_port()}/0"
     monkeypatch.setenv("RELIER_REDIS_URL", url)  # the environment wins over settings
-    monkeypatch.setenv("RELIER_REDIS_RETRY_S", "0")
     settings.RELIER = {**settings.RELIER, "REDIS_URL": url, "REDIS_RETRY_S": 0}
     conf.get_config.cache_clear()
     try:

@@ -26,6 +26,7 @@ from relier_django import conf
 from relier_django.core.model.spec import TaskSpec
 from relier_django.core.task import RelierTask
 from testproject.harness import (
+    QUICK_REDIS_RETRY_ENV,
     REPO_ROOT,
     CeleryWorker,
     RedisServer,
@@ -557,7 +558,11 @@ def test_a_worker_refuses_to_start_while_relier_redis_is_unreachable(start_redis
         redis_url=broker.url,
         log_dir=tmp_path,
         name="unreachable",
-        extra_env={"RELIER_REDIS_URL": f"redis://:hunter2@127.0.0.1:{port}/0"},
+        # Refused at the first attempt: the start check need not wait out the retry budget.
+        extra_env={
+            "RELIER_REDIS_URL": f"redis://:hunter2@127.0.0.1:{port}/0",
+            **QUICK_REDIS_RETRY_ENV,
+        },
     )
     try:
         worker.start(wait=False)
