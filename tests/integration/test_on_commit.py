@@ -29,13 +29,7 @@ from relier_django.core.store.keys import KeySpace
 from relier_django.core.store.receipt import DispatchState, NotDispatched, Receipt
 from relier_django.transactions import replay
 from testproject.demo import tasks
-from testproject.harness import (
-    QUICK_REDIS_RETRY_ENV,
-    CeleryWorker,
-    free_port,
-    process_pointed_at,
-    redis_server,
-)
+from testproject.harness import CeleryWorker, free_port, process_pointed_at, redis_server
 from tests.databases import ALIASES, COMMITS, HAVE_PG, PG_SKIP, Rollback
 
 KEYS = KeySpace("rl")
@@ -380,9 +374,7 @@ def test_redis_down_at_commit_and_back_within_the_budget_dispatches(tmp_path: Pa
 @COMMITS
 def test_redis_down_past_the_budget_logs_the_envelope_and_it_replays(tmp_path, relier_log):
     with redis_server(tmp_path / "redis") as server:
-        # What follows the budget is the point here, not its length (test_connection.py's).
         env = {"RELIER_REDIS_URL": server.url, "CELERY_BROKER_URL": server.url}
-        env.update(QUICK_REDIS_RETRY_ENV)
         with process_pointed_at(env):
             with transaction.atomic():
                 receipt = tasks.record.push("redis-down")
