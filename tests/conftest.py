@@ -52,12 +52,25 @@ def pytest_configure(config: pytest.Config) -> None:
     the session's Redis replaces ``RELIER_REDIS_URL``: the suite never uses a PostgreSQL
     it did not start. A missing server binary fails the run, it never skips.
     """
-    if config.getoption("help") or os.environ.get(POSTGRES_URL_ENV) == "":
+    if config.getoption("help"):
+        return
+    _fast_password_hashing()
+    if os.environ.get(POSTGRES_URL_ENV) == "":
         return
     server = PostgresServer().start()
     config.stash[_POSTGRES] = server
     config.stash[_POSTGRES_URL_BEFORE] = os.environ.get(POSTGRES_URL_ENV)
     _point_databases_at(server.url)
+
+
+def _fast_password_hashing() -> None:
+    """Django's default hasher (PBKDF2, a million rounds) costs about a second per user a
+    test creates with a password, and the admin tests create one or more each. The
+    passwords are throw-away: MD5, as Django's testing docs advise. Set before any
+    password is hashed, so Django's cached hasher list is built from it."""
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
