@@ -30,7 +30,7 @@ from tests import dlq_entries as entries
 from tests.dlq_entries import untied
 
 KEYS = KeySpace("rl")
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "dlq-command.md"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "dlq-command.md"
 SUMMARY_KEYS = {
     "id", "task_id", "task", "reason", "queue", "error", "fence", "failed_at",
     "first_failed_at", "failures",
@@ -678,7 +678,7 @@ def test_a_bad_argument_is_a_command_error_that_says_what_to_give(store, args, m
     assert store.size() == 1
 
 
-# An unreachable Redis (every subcommand, password hidden): tests/integration/test_redis_down.py.
+# An unreachable Redis, every subcommand, password hidden: admin/test_redis_down.py.
 
 
 def test_a_release_with_the_broker_down_changes_nothing_and_a_rerun_releases(store):

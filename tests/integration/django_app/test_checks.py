@@ -496,7 +496,7 @@ def test_a_queue_no_worker_consumes_is_a_warning(start_redis, relier, register_t
 
 
 def test_a_task_loaded_through_celery_imports_is_checked_too(start_redis, relier, celery_conf):
-    module = "tests.integration.imported_only_tasks"
+    module = "tests.integration.django_app.imported_only_tasks"
     relier(REDIS_URL=start_redis().url)
     celery_conf.imports = (module,)
     try:
