@@ -173,9 +173,9 @@ def test_a_chain_runs_whole_in_eager_mode(settings, redis_client):
     add = tasks.step_add
     last = chain(add.s(1, 2), add.s(3), add.si(7, 1), add.s(5)).apply_async()
     ids = [r.id for r in reversed(list(_results(last)))]
-    # Each step ran once, in this process (fence 0: no incarnation), given the
-    # previous result (the immutable step its own arguments).
-    assert [runs(redis_client, i) for i in ids] == [["0"]] * 4
+    # Each step ran once, in this process (fence 1, as a worker's first incarnation
+    # holds), given the previous result (the immutable step its own arguments).
+    assert [runs(redis_client, i) for i in ids] == [["1"]] * 4
     assert [received(redis_client, i) for i in ids] == [[1], [3], [7], [8]]
     assert not redis_client.keys("rl:*")  # eager mode never touched relier's store
 
