@@ -70,7 +70,7 @@ def test_an_option_it_cannot_honour_is_refused_and_nothing_is_pushed(options, sa
 
 
 def test_a_link_whose_task_cannot_take_what_comes_first_is_refused_at_push(redis_client):
-    # link= and link_error= are supported (tests/integration/test_link.py): a callback
+    # link= and link_error= are supported (tests/integration/workflows/test_link.py): a callback
     # takes the result first, an errback the failed task's id, checked at push.
     with pytest.raises(TypeError):
         tasks.sync_record.apply_async(("a",), link=tasks.sync_record.s("b", 0.0))
