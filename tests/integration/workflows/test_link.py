@@ -77,6 +77,18 @@ def test_a_link_error_runs_once_when_the_parent_is_dead_lettered(worker, redis_c
     assert relier_django.result(parent.id).status == "FAILURE"
 
 
+def test_a_link_error_runs_for_a_task_the_scanner_files_expired(worker, redis_client):
+    # Filed by the scanner leader's dispatch (its expiry passed while it waited for its
+    # countdown), not by a worker's run: every way into the DLQ creates the errbacks.
+    parent = tasks.step_add.apply_async(
+        (1, 2), countdown=2, expires=1, link_error=tasks.sync_record.s().set(task_id="eb-x")
+    )
+    assert relier_django.result("eb-x").get(timeout=30)["label"] == parent.id
+    entry = dlq.store().get(parent.id)
+    assert entry is not None and entry.reason == "expired"
+    assert fences(redis_client, parent.id) == []  # never ran
+
+
 def test_a_link_error_survives_the_release_of_its_parent_and_runs_no_second_time(
     worker, redis_client
 ):
@@ -120,7 +132,11 @@ def test_the_parents_pool_process_killed_mid_run_still_runs_its_link_once(
 
     assert relier_django.result("cb-k").get(timeout=60) == 13
     assert relier_django.result("cb-l").get(timeout=30) == 5
-    assert fences(redis_client, parent.id) == [1, 2]  # resurrected once, committed once
+    assert parent.get(timeout=5) == 3
+    # Run again at fence 2 after the kill (the kill may land before fence 1 recorded its
+    # run); only fence 2 committed, so the links were created once.
+    runs = fences(redis_client, parent.id)
+    assert runs[-1] == 2 and runs == sorted(set(runs)), runs
     assert [fences(redis_client, i) for i in ("cb-k", "cb-l")] == [[1], [1]]
     assert received(redis_client, "cb-k") == [3]
     assert_no_leaked_keys(redis_client)
