@@ -16,9 +16,16 @@ from relier_django import dlq
 from relier_django.core.model import config
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
-from testproject.demo import tasks
+from testproject.demo import limit_tasks, tasks
 from testproject.harness import wait_until
 from tests.chaos.test_resurrection import FAST, running_pid
+from tests.integration.test_limits import (
+    RUN,
+    _most_at_once,
+    _no_limit_keys_left,
+    _records,
+    _wait_for_start,
+)
 from tests.leaks import assert_no_leaked_keys
 
 KEYS = KeySpace("rl")
@@ -140,6 +147,23 @@ def test_the_parents_pool_process_killed_mid_run_still_runs_its_link_once(
     assert [fences(redis_client, i) for i in ("cb-k", "cb-l")] == [[1], [1]]
     assert received(redis_client, "cb-k") == [3]
     assert_no_leaked_keys(redis_client)
+
+
+def test_a_callback_with_flow_control_waits_for_its_slot(worker_factory, redis_client):
+    """G14 across a link: the callback, created by its parent's commit, goes through its
+    own task's limit, so it waits while another task of its key holds the one slot."""
+    worker_factory(concurrency=4)
+    blocker = limit_tasks.sequence.push(RUN, "w", "blocker", 1.0)
+    _wait_for_start(redis_client, "blocker")
+    callback = limit_tasks.sequence.si(RUN, "w", "callback", 0.0).set(task_id="lim-cb")
+    limit_tasks.per_key.apply_async((RUN, "z", "head", 0.0), link=callback)
+    assert relier_django.result("lim-cb").get(timeout=30) == "callback"
+    assert blocker.get(timeout=30) == "blocker"
+    records = _records(redis_client)
+    assert _most_at_once(records)["w"] == 1, records
+    starts = [label for kind, _, label, _, _ in records if kind == "start"]
+    assert starts.index("callback") > starts.index("blocker")
+    _no_limit_keys_left(redis_client)
 
 
 def test_links_and_errbacks_run_in_eager_mode(settings, redis_client):
