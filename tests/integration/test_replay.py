@@ -41,8 +41,8 @@ from relier_django.core.dlq import dead_letter as dlq
 from relier_django.core.dlq import release
 from relier_django.core.dlq.store import DeadLetterStore
 from relier_django.core.extras import lock, ratelimit
-from relier_django.core.model import config, outcome
-from relier_django.core.model.envelope import Envelope
+from relier_django.core.model import config, outcome, workflow
+from relier_django.core.model.envelope import Envelope, decode
 from relier_django.core.model.failure import Failure, Reason
 from relier_django.core.model.limits import Gate
 from relier_django.core.model.rates import Rate
@@ -469,6 +469,49 @@ def commit_gated_successor(cfg: config.Config, client: redis.Redis) -> Any:
     return done
 
 
+def commit_link(cfg: config.Config, client: redis.Redis) -> Any:
+    """A commit with a chain's next step and two callbacks (link=): one stored due now
+    for the leader's dispatch, one parked behind its scope's holder; each once."""
+    _holder(cfg, client)
+    env = _started(cfg, client)
+    record = outcome.succeeded(3, env.fence)
+    nxt = Envelope(
+        id="replay-next", task="demo.step_add", args=(3, 4), created_ms=1, workflow=env.id
+    )
+    queued = publish.Queued("replay-queue", "the message")
+    successor = fencing.Successor(nxt, nxt.encode(), queued, 60_000, 3)
+    a = Envelope(id="replay-link-a", task="demo.step_add", args=(3, 1), created_ms=1)
+    b = Envelope(id="replay-link-b", task="demo.record", args=("b",), created_ms=1)
+    links = [fencing.Linked(a, a.encode(), 3),
+             fencing.Linked(b, b.encode(), 2, ONE_SLOT.script_arg())]  # fmt: skip
+    done = fencing.commit(_keys(cfg), env, record, 60_000, successor=successor, links=links).run(
+        client
+    )
+    keys = _keys(cfg)
+    assert [client.hget(keys.task(i), "state") for i in (a.id, b.id)] == ["scheduled", "parked"]
+    assert client.zscore(keys.schedule, a.id) is not None
+    return done
+
+
+@functools.cache
+def _with_errback() -> Any:
+    errback = workflow.Step(task="demo.sync_record", id="replay-eb", max_resurrections=2)
+    return producer.prepare(tasks.record.relier_spec, ("x",), {}, TASK_ID, link_error=[errback])
+
+
+def dead_letter_link_error(cfg: config.Config, client: redis.Redis) -> Any:
+    """A filing in the DLQ creates the task's errback (link_error=), given its id, once."""
+    env = _with_errback()
+    keys = _keys(cfg)
+    assert idempotency.store(keys, env, env.encode(), 60_000, 3, token="p").run(client).stored
+    assert fencing.start(keys, env, "w1@host:1", 30_000).run(client).started
+    failure = Failure(Reason.EXCEPTION, "ValueError", "boom", worker="w1@host:1")
+    done = dlq.dead_letter(keys, failure, 60_000, env=env, now_ms=1).run(client)
+    errback = decode(client.hget(keys.task("replay-eb"), "env"))
+    assert (errback.args, client.hget(keys.task("replay-eb"), "maxres")) == ((TASK_ID,), "2")
+    return done
+
+
 def dead_letter_hands_over(cfg: config.Config, client: redis.Redis) -> Any:
     env = _holding(cfg, client)
     failure = Failure(Reason.EXCEPTION, "ValueError", "boom", worker="w1@host:1")
@@ -583,12 +626,16 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "commit+hands_over": ("commit", Case(commit_hands_over)),
     "commit+gated_successor": ("commit", Case(commit_gated_successor)),
     "dead_letter+hands_over": ("dead_letter", Case(dead_letter_hands_over)),
+    "commit+link": ("commit", Case(commit_link)),
+    "dead_letter+link_error": ("dead_letter", Case(dead_letter_link_error)),
     "cancel+parked": ("cancel", Case(cancel_parked)),
 }
 # Flow control runs on an unpartitioned store only (model/limits.py refuses it at push).
 _UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_take+parks",
                   "schedule_take+waits_rate", "commit+hands_over", "commit+gated_successor",
-                  "dead_letter+hands_over", "cancel+parked"}  # fmt: skip
+                  "dead_letter+hands_over", "cancel+parked",
+                  # Links too: a partitioned store refuses them at push, as chains.
+                  "commit+link", "dead_letter+link_error"}  # fmt: skip
 
 
 def _script_names() -> list[str]:

@@ -118,7 +118,7 @@ def test_a_push_draws_its_id_in_its_claims_partition_and_refuses_a_chain_step(
                  if keys.partition_of(f"id-{n}") != keys.partition_of_key(claim))  # fmt: skip
     with pytest.raises(ValueError, match="different partitions"):
         producer._placed("shop.charge", wrong, "order-1", False)
-    with pytest.raises(ValueError, match="chains and chords are not supported"):
+    with pytest.raises(ValueError, match="chains, chords and links are not supported"):
         producer._placed("shop.charge", None, None, True)
 
 

@@ -87,6 +87,8 @@ def prepare(
     chain: Sequence[workflow.Step] = (),
     group_id: str | None = None,
     chord: Mapping[str, Any] | None = None,
+    link: Sequence[workflow.Step] = (),
+    link_error: Sequence[workflow.Step] = (),
 ) -> Envelope:
     """Validate the call and build its first envelope (fence 1). Raises ``TypeError``
     for arguments that do not fit the signature or are not JSON-serialisable, and
@@ -96,6 +98,8 @@ def prepare(
     ``chain``: the steps that follow this task (it is then a workflow's first step).
     ``group_id``: the group this task is a member of (the workflow's identity).
     ``chord``: a chord header member's place (group id, index, callback step).
+    ``link``, ``link_error``: the callbacks its commit creates, the errbacks its filing
+    in the DLQ creates (Celery's ``link=``, ``link_error=``).
 
     A workflow's member (a chain's first step, a group's or a chord header's member)
     claims no idempotency key, whatever its task says: it is identified by the id
@@ -109,12 +113,14 @@ def prepare(
     member = bool(chain or chord or group_id)
     if idem is None and spec.idempotent and not member:
         idem = derive_key(spec.idempotency_key, args, kwargs)
-    task_id = _placed(spec.name, task_id, idem, bool(chain or chord))
+    task_id = _placed(spec.name, task_id, idem, bool(chain or chord or link or link_error))
     return Envelope(
         id=task_id,
         workflow=group_id or (task_id if chain else ""),
         chain=workflow.chain_of(chain),
         chord=dict(chord or {}),
+        link=workflow.chain_of(link),
+        link_error=workflow.chain_of(link_error),
         task=spec.name,
         args=tuple(args),
         kwargs=dict(kwargs),
@@ -145,7 +151,7 @@ def _placed(task: str, task_id: str | None, idem: str | None, in_workflow: bool)
         return task_id or uuid.uuid4().hex
     if in_workflow:
         raise ValueError(
-            f"{task}: chains and chords are not supported on a partitioned store "
+            f"{task}: chains, chords and links are not supported on a partitioned store "
             "(RELIER['PARTITIONS'] > 1 or RELIER['CLUSTER']) yet: a step's commit creates "
             "the next task in one script, and Celery draws that task's id, in any "
             "partition (docs/scaling.md); groups are"
@@ -196,9 +202,12 @@ class _Push:
         group_id: str | None = None,
         chord: Mapping[str, Any] | None = None,
         position: int | None = None,
+        link: Sequence[workflow.Step] = (),
+        link_error: Sequence[workflow.Step] = (),
     ) -> _Push:
         cfg = config.current()
-        env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id, chord)
+        env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id, chord,
+                      link, link_error)  # fmt: skip
         encoded = env.encode(cfg.signer)
         arguments.check_size(spec, args, kwargs, encoded, cfg.arguments_max_bytes)
         record = _record_of(env, position)
@@ -392,12 +401,15 @@ def push(
     group_id: str | None = None,
     chord: Mapping[str, Any] | None = None,
     position: int | None = None,
+    link: Sequence[workflow.Step] = (),
+    link_error: Sequence[workflow.Step] = (),
 ) -> Receipt:
     """Sync push. See ``RelierTask.push`` and ``RelierTask.push_with`` for the guarantees.
     ``chain``: the steps that follow, each created by the commit of the one before.
     ``group_id``: the Celery group this push is a member of; ``chord``: its place in a
     chord's header (the commit that completes the header creates the callback);
-    ``position``: its place in the group (for the workflow's record)."""
+    ``position``: its place in the group (for the workflow's record); ``link``,
+    ``link_error``: its callbacks and errbacks (see :func:`prepare`)."""
     if event_loop.in_running_loop():
         raise RuntimeError(
             f"{spec.name}.push() was called inside a running event loop, where it would "
@@ -407,7 +419,7 @@ def push(
         # Validation comes first, inside the caller's transaction: bad input raises now.
         p = _Push.begin(
             spec, args, kwargs, task_id, queue, when, idempotency_key, chain, group_id, chord,
-            position,
+            position, link, link_error,
         )  # fmt: skip
         tracing.annotate(p.env)
         # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).

@@ -488,15 +488,23 @@ class KeySpace:
         successor: str | None = None,
         queue_list: tuple[str, str] | None = None,
         chord: str | None = None,
+        links: Sequence[str] = (),
     ) -> list[str]:
         """``successor``: the id of the task this commit creates: a chain's next step,
         or (with ``chord``, the group id) a chord's callback, once the header is
         complete. ``queue_list``: the broker list its message is pushed to and that
-        list's doorbell, when the script pushes it."""
-        p = self._with(task_id, idem_key, successor, chord)
+        list's doorbell, when the script pushes it. ``links``: the ids of the callbacks
+        (``link=``) it creates too."""
+        p = self._with(task_id, idem_key, successor, chord, *links)
         none = p.absent
         keys = [p.task(task_id), p.history(task_id), p.expiry, p.result(task_id),
                 *p._counted()]  # fmt: skip
+        if links:
+            trail = p.trail(task_id) if keep_trail else none
+            nxt = [p.task(successor), p.result(successor)] if successor else [none, none]
+            return [*keys, idem_key or none, trail, *nxt, *(queue_list or (none, none)),
+                    p.chord(chord) if chord else none,
+                    *(key for link in links for key in (p.task(link), p.result(link)))]  # fmt: skip
         if successor is not None:
             trail = p.trail(task_id) if keep_trail else none
             tail = [p.chord(chord)] if chord else []
@@ -596,8 +604,11 @@ class KeySpace:
         keys = self._released(entry_id, task_id)
         return [*keys, idem_key] if idem_key else keys
 
-    def for_dead_letter(self, task_id: str, entry_id: str, idem_key: str | None) -> list[str]:
-        p = self._with(task_id, entry_id, idem_key)
+    def for_dead_letter(
+        self, task_id: str, entry_id: str, idem_key: str | None, errbacks: Sequence[str] = ()
+    ) -> list[str]:
+        """``errbacks``: the ids of the errbacks (``link_error=``) the filing creates."""
+        p = self._with(task_id, entry_id, idem_key, *errbacks)
         keys = [
             p.task(task_id),
             p.history(task_id),
@@ -609,6 +620,9 @@ class KeySpace:
             p.dlq_counts,
             *p._counted(),
         ]
+        if errbacks:
+            return [*keys, idem_key or p.absent,
+                    *(key for eb in errbacks for key in (p.task(eb), p.result(eb)))]  # fmt: skip
         return [*keys, idem_key] if idem_key else keys
 
     def for_dlq_delete(

@@ -160,11 +160,11 @@ def test_a_cancelled_step_files_the_rest_of_its_chain_in_the_dlq_and_release_res
     assert dlq.store().get(head) is None
 
 
-def test_link_is_refused_by_name(redis_client):
-    with pytest.raises(TypeError, match="canvas"):
-        tasks.step_add.apply_async((1, 2), link=tasks.step_add.s(0))
-    with pytest.raises(TypeError, match="canvas"):
-        tasks.step_add.apply_async((1, 2), link_error=tasks.step_add.s(0))
+def test_a_chain_step_with_a_link_of_its_own_is_refused_at_push(redis_client):
+    # link= on a task is supported (tests/integration/workflows/test_link.py); on a later
+    # step of a chain (where Celery puts a chain's own link) it is not yet, and says so.
+    with pytest.raises(TypeError, match="link= or link_error= of its own"):
+        chain(tasks.step_add.s(1, 2), tasks.step_add.s(3).on_error(tasks.sync_record.s()))()
     assert redis_client.dbsize() == 0
 
 
