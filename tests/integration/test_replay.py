@@ -505,7 +505,9 @@ def push_superseded(cfg: config.Config, client: redis.Redis) -> Any:
     "stored" (its outcome record names its envelope), and changes nothing."""
     assert _debounced(cfg, client, _env(cfg), "p").scheduled
     assert _debounced(cfg, client, _other("l", "replay-later"), "later").scheduled
-    return _debounced(cfg, client, _env(cfg), "p")
+    again = _debounced(cfg, client, _env(cfg), "p")
+    assert again.stored and again.scheduled, again  # not "finished": it is the same push
+    return again
 
 
 def schedule_take_debounced(cfg: config.Config, client: redis.Redis) -> Any:
