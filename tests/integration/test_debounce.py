@@ -6,6 +6,7 @@ window; no key is left behind. Real Redis and real prefork workers."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 
@@ -115,6 +116,20 @@ def test_two_producers_pushing_at_once_leave_one_winner_and_supersede_every_othe
         for _ in range(40):
             seen = by.get(seen, seen)
         assert seen == winner
+    _no_debounce_keys(redis_client)
+
+
+def test_apush_debounces_the_same_way(worker, redis_client):
+    async def view():  # type: ignore[no-untyped-def]
+        debounced = tasks.record.push_with(debounce_s=1, debounce_key="async")
+        first = await debounced.apush("async-first")
+        last = await debounced.apush("async-last")
+        return first, await last.aget(timeout=30)
+
+    first, done = asyncio.run(view())
+    assert done["label"] == "async-last"
+    assert _superseded_by(first.task_id) != first.task_id
+    assert runs(redis_client, "async-first") == []
     _no_debounce_keys(redis_client)
 
 
