@@ -61,7 +61,7 @@ TRIGGERS = [
     Trigger("chain step", triggers.chain_step, True, "the second, created by the first's commit"),
     Trigger("chord member", triggers.chord_member, True, "the second of a chord's three"),
     Trigger("group member", triggers.group_member, False, "the second of a group of three"),
-    Trigger("debounce", triggers.debounced, False, "the last of two debounced pushes (1 s)"),
+    Trigger("debounce", triggers.debounced, False, "the last of two debounced pushes (2.5 s)"),
 ]
 IDEMPOTENCY = [
     Idempotency("plain", False, "a task without idempotency"),

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .case import Case
 
 COUNTDOWN_S = 1.5
-DEBOUNCE_MS = 1_000
+DEBOUNCE_MS = 2_500
 
 
 def _push_now(case: Case, **options: Any) -> None:

@@ -43,7 +43,7 @@ def _no_debounce_keys(client) -> None:  # type: ignore[no-untyped-def]
 def test_a_burst_within_the_window_runs_only_the_last_push_once_with_its_arguments(
     worker, redis_client
 ):
-    debounced = tasks.sync_record.push_with(debounce_s=1.5, debounce_key="search:42")
+    debounced = tasks.sync_record.push_with(debounce_s=3, debounce_key="search:42")
     receipts = [debounced.push(f"burst-{i}") for i in range(5)]
     last = receipts[-1]
     # Waiting in the schedule index, one task only: the earlier ones are gone from it.
@@ -59,9 +59,9 @@ def test_a_burst_within_the_window_runs_only_the_last_push_once_with_its_argumen
 
 
 def test_the_default_key_is_the_task_s_arguments(worker, redis_client):
-    first = tasks.sync_record.push_with(debounce_s=1).push("same")
-    second = tasks.sync_record.push_with(debounce_s=1).push("same")
-    other = tasks.sync_record.push_with(debounce_s=1).push("other")
+    first = tasks.sync_record.push_with(debounce_s=2).push("same")
+    second = tasks.sync_record.push_with(debounce_s=2).push("same")
+    other = tasks.sync_record.push_with(debounce_s=2).push("other")
     assert second.get(timeout=30)["label"] == "same"
     assert other.get(timeout=30)["label"] == "other"
     assert _superseded_by(first.task_id) == second.task_id
@@ -86,7 +86,7 @@ def test_two_producers_pushing_at_once_leave_one_winner_and_supersede_every_othe
     """Two threads, 20 pushes each, of one key: the store serialises them (push.lua is
     one step), so exactly one task runs and the other 39 are superseded, each by the
     push that followed it."""
-    debounced = tasks.sync_record.push_with(debounce_s=2, debounce_key="race")
+    debounced = tasks.sync_record.push_with(debounce_s=5, debounce_key="race")
     start = threading.Barrier(2)
     pushed: dict[str, list[str]] = {"a": [], "b": []}
 
@@ -121,7 +121,7 @@ def test_two_producers_pushing_at_once_leave_one_winner_and_supersede_every_othe
 
 def test_apush_debounces_the_same_way(worker, redis_client):
     async def view():  # type: ignore[no-untyped-def]
-        debounced = tasks.record.push_with(debounce_s=1, debounce_key="async")
+        debounced = tasks.record.push_with(debounce_s=2, debounce_key="async")
         first = await debounced.apush("async-first")
         last = await debounced.apush("async-last")
         return first, await last.aget(timeout=30)
