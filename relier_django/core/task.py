@@ -23,7 +23,7 @@ from .model.rates import Rate
 from .model.request import Request, RetryPolicy
 from .model.schema import Migration, Schema
 from .model.spec import TaskSpec
-from .model.timing import timing
+from .model.timing import debounce, timing
 from .push import producer
 from .push.producer import PushWith
 from .store import event_loop
@@ -90,6 +90,8 @@ class RelierTask(Task):
         countdown: float | timedelta | None = None,
         eta: datetime | None = None,
         expires: float | timedelta | datetime | None = None,
+        debounce_s: float | timedelta | None = None,
+        debounce_key: str | None = None,
     ) -> PushWith:
         """Options for one push, apart from the task's arguments (no parameter name of
         a task is reserved): ``task.push_with(using="orders").push(order_id)``.
@@ -105,15 +107,34 @@ class RelierTask(Task):
                 A time in the past dispatches at once.
             expires: seconds from the push, or an aware datetime: a task not started by
                 then lands in the DLQ with reason ``expired``, never runs.
+            debounce_s: a quiet window, seconds (or a timedelta): the task is due this
+                long after the push, and a later debounced push of the same key within
+                that wait supersedes it (trailing edge: of a burst, only the last push
+                runs, once, with its arguments; a superseded one's ``get()`` raises
+                ``TaskSuperseded``). A push after the waiting task was dispatched starts
+                a new window (docs/flow-control.md, "Debounce").
+            debounce_key: the key pushes are debounced under (default: the task's
+                arguments); always within the task's own name.
 
         Raises:
-            TypeError: an option of the wrong type, a naive datetime.
+            TypeError: an option of the wrong type, a naive datetime, ``debounce_key``
+                without ``debounce_s``.
             ValueError: ``using`` together with ``on_commit=False``; a negative countdown;
                 a due or expiry time outside 0001-01-02 .. 9999-12-31 UTC
-                (``model.timing.LATEST_MS``).
+                (``model.timing.LATEST_MS``); ``debounce_s`` with ``countdown`` or
+                ``eta`` (the window is the countdown), or not above 0.
         """
+        window = debounce(debounce_s, debounce_key)
+        if window is not None and (countdown is not None or eta is not None):
+            raise ValueError(
+                f"{self.name}: debounce_s= is the task's countdown (it is due when its window "
+                "is over): leave countdown= and eta= out"
+            )
+        if window is not None:
+            countdown = timedelta(milliseconds=window.window_ms)
         when = timing(countdown, eta, expires)
-        return PushWith(self.relier_spec, self.app, on_commit=on_commit, using=using, when=when)
+        return PushWith(self.relier_spec, self.app, on_commit=on_commit, using=using, when=when,
+                        debounce=window)  # fmt: skip
 
     def delay(self, *args: Any, **kwargs: Any) -> Receipt:
         """Celery's name for :meth:`push`, with the same guarantees."""

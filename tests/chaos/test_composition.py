@@ -61,6 +61,7 @@ TRIGGERS = [
     Trigger("chain step", triggers.chain_step, True, "the second, created by the first's commit"),
     Trigger("chord member", triggers.chord_member, True, "the second of a chord's three"),
     Trigger("group member", triggers.group_member, False, "the second of a group of three"),
+    Trigger("debounce", triggers.debounced, False, "the last of two debounced pushes (2.5 s)"),
 ]
 IDEMPOTENCY = [
     Idempotency("plain", False, "a task without idempotency"),
@@ -128,6 +129,15 @@ EXCLUDED = [
         },
         "only a chord keeps state with a TTL that a release can outlive (a chain carries "
         "its steps in its envelope; results and claims expire from their commit)",
+    ),
+    Exclusion(
+        {"trigger": "debounce", "idempotency": "idempotent"},
+        "an idempotent task cannot be debounced (push raises ValueError): its second push "
+        "would be the first's duplicate, superseding nothing",
+    ),
+    Exclusion(
+        {"trigger": "debounce", "fate": "late release"},
+        "only a chord keeps state with a TTL that a release can outlive",
     ),
 ]
 # fmt: on

@@ -70,6 +70,7 @@ Scenario = Callable[[config.Config, redis.Redis], Any]
 class Case:
     run: Scenario
     replayed: bool = True  # False: its callers make one attempt (see the module docstring)
+    setup_runs: int = 0  # how many times its set-up runs the script under test first
 
 
 def _keys(cfg: config.Config) -> KeySpace:
@@ -524,6 +525,41 @@ def cancel_parked(cfg: config.Config, client: redis.Redis) -> Any:
     return store_cancel.cancel(cfg, TASK_ID)
 
 
+# -- debounce (issue 38): push.lua's debounce block and schedule_take's end of a window;
+# the plain layout only (a partitioned store refuses debounce at push).
+def _debounced(cfg: config.Config, client: redis.Redis, env: Any, token: str) -> Any:
+    keys = _keys(cfg)
+    record = (keys.debounce(env.task, "k"), 86_400_000)
+    when = Timing(countdown_ms=60_000)
+    call = idempotency.store(keys, env, env.encode(), 60_000, 3, token=token, when=when,
+                             debounce=record)  # fmt: skip
+    return call.run(client)
+
+
+def push_debounced(cfg: config.Config, client: redis.Redis) -> Any:
+    """A debounced push supersedes the task of its key still waiting: a replay of it
+    must not supersede the task it just stored, nor record the first one twice."""
+    assert _debounced(cfg, client, _other("p", "replay-prev"), "prev").scheduled
+    return _debounced(cfg, client, _env(cfg), "p")
+
+
+def push_superseded(cfg: config.Config, client: redis.Redis) -> Any:
+    """A client retry of a push that a later push superseded since is answered
+    "stored" (its outcome record names its envelope), and changes nothing."""
+    assert _debounced(cfg, client, _env(cfg), "p").scheduled
+    assert _debounced(cfg, client, _other("l", "replay-later"), "later").scheduled
+    again = _debounced(cfg, client, _env(cfg), "p")
+    assert again.stored and again.scheduled, again  # not "finished": it is the same push
+    return again
+
+
+def schedule_take_debounced(cfg: config.Config, client: redis.Redis) -> Any:
+    """The leader's take of a debounced task ends its window: the record goes."""
+    _debounced(cfg, client, _env(cfg), "p")
+    client.zadd(_keys(cfg).schedule, {TASK_ID: 1})  # due long ago
+    return _take_call(cfg).run(client)
+
+
 def presence(cfg: config.Config, client: redis.Redis) -> Any:
     held = Reservations(cfg, worker="host-1:42")
     held.announce(alive=True)
@@ -629,11 +665,15 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "commit+link": ("commit", Case(commit_link)),
     "dead_letter+link_error": ("dead_letter", Case(dead_letter_link_error)),
     "cancel+parked": ("cancel", Case(cancel_parked)),
+    "push+debounce": ("push", Case(push_debounced, setup_runs=1)),
+    "push+superseded": ("push", Case(push_superseded, setup_runs=2)),
+    "schedule_take+debounce": ("schedule_take", Case(schedule_take_debounced)),
 }
 # Flow control runs on an unpartitioned store only (model/limits.py refuses it at push).
 _UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_take+parks",
                   "schedule_take+waits_rate", "commit+hands_over", "commit+gated_successor",
-                  "dead_letter+hands_over", "cancel+parked",
+                  "dead_letter+hands_over", "cancel+parked", "push+debounce",
+                  "push+superseded", "schedule_take+debounce",
                   # Links too: a partitioned store refuses them at push, as chains.
                   "commit+link", "dead_letter+link_error"}  # fmt: skip
 
@@ -749,7 +789,7 @@ def _run_once(
         if lose:
             # Armed for the scenario's own call: set-up calls of this same script, if
             # any, come first, so count them out by arming the nth run from here.
-            proxy.drop_reply(script.sha, nth=_setup_runs(name) + 1)
+            proxy.drop_reply(script.sha, nth=(case.setup_runs or _setup_runs(name)) + 1)
         answer = _outcome(case, cfg, client)
         runs = proxy.calls(script.sha) - before
     return answer, snapshot(direct), runs

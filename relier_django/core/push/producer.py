@@ -33,7 +33,7 @@ from ..model.envelope import Envelope, decode
 from ..model.errors import AdmissionRejected, ConfigError, DuplicateTaskId, PushFailed
 from ..model.idem_key import derive_key
 from ..model.spec import TaskSpec
-from ..model.timing import NOW, Timing
+from ..model.timing import NOW, Debounce, Timing
 from ..store import chords, event_loop, layout, workflows
 from ..store.connection import async_client, sync_client, target
 from ..store.keys import KeySpace
@@ -187,6 +187,8 @@ class _Push:
     record: workflows.Record | None = None
     # Flow control: the slots and rate this push goes through (None: none apply).
     gate: limits.Gate | None = None
+    # A debounced push's record key (KeySpace.debounce); None: not debounced.
+    debounce: str | None = None
 
     @classmethod
     def begin(
@@ -204,6 +206,7 @@ class _Push:
         position: int | None = None,
         link: Sequence[workflow.Step] = (),
         link_error: Sequence[workflow.Step] = (),
+        debounce: Debounce | None = None,
     ) -> _Push:
         cfg = config.current()
         env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id, chord,
@@ -220,7 +223,9 @@ class _Push:
                 "unpartitioned store (PARTITIONS = 1, no CLUSTER): a freed slot is handed "
                 "to the next task in the same step, which one server does (docs/flow-control.md)"
             )
-        return cls(cfg, spec, env, encoded, keys, when=when, record=record, gate=gate)
+        record_key = _debounced(spec, keys, args, kwargs, debounce)
+        return cls(cfg, spec, env, encoded, keys, when=when, record=record, gate=gate,
+                   debounce=record_key)  # fmt: skip
 
     def store(self, message: publish.Queued | None) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
@@ -231,6 +236,7 @@ class _Push:
         return idempotency.store(
             self.keys, self.env, self.encoded, grace_ms, limit, gates, message,
             token=self.token, when=self.when, gate=self.gate,
+            debounce=(self.debounce, self.cfg.result_ttl_s * 1000) if self.debounce else None,
         )  # fmt: skip
 
     def _limits(self) -> tuple[admission.Limit, ...]:
@@ -367,6 +373,40 @@ class _Push:
         return receipt
 
 
+def _debounced(
+    spec: TaskSpec,
+    keys: KeySpace,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    debounce: Debounce | None,
+) -> str | None:
+    """A debounced push's record key (None: not debounced): its ``debounce_key``, else
+    its arguments, under the task's name.
+
+    Raises:
+        ConfigError: a partitioned store (push.lua reaches the superseded task's keys
+            from the record, which one server does).
+        ValueError: an idempotent task: a second push of the same arguments would be
+            its first's duplicate, never superseding it.
+    """
+    if debounce is None:
+        return None
+    if keys.tagged:
+        raise ConfigError(
+            f"{spec.name}: debounce_s= needs an unpartitioned store (PARTITIONS = 1, no "
+            "CLUSTER): a push supersedes the task its window waits for in one step, which "
+            "one server does (docs/flow-control.md)"
+        )
+    if spec.idempotent:
+        raise ValueError(
+            f"{spec.name} is idempotent: a push with the same arguments is the first one's "
+            "duplicate and supersedes nothing; debounce a task that is not idempotent "
+            "(docs/flow-control.md)"
+        )
+    key = debounce.key if debounce.key is not None else derive_key(None, args, kwargs)
+    return keys.debounce(spec.name, key)
+
+
 def _record_of(env: Envelope, position: int | None) -> workflows.Record | None:
     """What this push adds to its workflow's record (None: it is in no workflow)."""
     if env.chord:
@@ -403,13 +443,15 @@ def push(
     position: int | None = None,
     link: Sequence[workflow.Step] = (),
     link_error: Sequence[workflow.Step] = (),
+    debounce: Debounce | None = None,
 ) -> Receipt:
     """Sync push. See ``RelierTask.push`` and ``RelierTask.push_with`` for the guarantees.
     ``chain``: the steps that follow, each created by the commit of the one before.
     ``group_id``: the Celery group this push is a member of; ``chord``: its place in a
     chord's header (the commit that completes the header creates the callback);
     ``position``: its place in the group (for the workflow's record); ``link``,
-    ``link_error``: its callbacks and errbacks (see :func:`prepare`)."""
+    ``link_error``: its callbacks and errbacks (see :func:`prepare`); ``debounce``: a
+    debounced push (``when`` is then its window as a countdown)."""
     if event_loop.in_running_loop():
         raise RuntimeError(
             f"{spec.name}.push() was called inside a running event loop, where it would "
@@ -419,7 +461,7 @@ def push(
         # Validation comes first, inside the caller's transaction: bad input raises now.
         p = _Push.begin(
             spec, args, kwargs, task_id, queue, when, idempotency_key, chain, group_id, chord,
-            position, link, link_error,
+            position, link, link_error, debounce,
         )  # fmt: skip
         tracing.annotate(p.env)
         # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).
@@ -446,6 +488,7 @@ async def apush(
     idempotency_key: str | None = None,
     on_commit: bool = True,
     using: str | None = None,
+    debounce: Debounce | None = None,
 ) -> Receipt:
     """Async push: the same steps as :func:`push`, without blocking the event loop.
 
@@ -458,7 +501,8 @@ async def apush(
     call that waits for it.
     """
     with tracing.push_span(spec.name):
-        p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key)
+        p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key,
+                        debounce=debounce)  # fmt: skip
         tracing.annotate(p.env)
         hook = _transaction_hook if on_commit else None
         if (diverted := await eager.adivert(spec, app, p.env, p.cfg, hook, using)) is not None:
@@ -504,6 +548,8 @@ class PushWith:
         using: the database alias whose transaction to wait for; ``None`` is Django's
             default database.
         when: the countdown, eta and expiry (see ``model.timing.timing``).
+        debounce: a debounced push (``model.timing.debounce``); ``when`` then holds its
+            window as the countdown.
     """
 
     spec: TaskSpec = field(repr=False)
@@ -511,6 +557,7 @@ class PushWith:
     on_commit: bool = True
     using: str | None = None
     when: Timing = NOW
+    debounce: Debounce | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.on_commit, bool):
@@ -527,14 +574,14 @@ class PushWith:
         """Like ``task.push(*args, **kwargs)``, with these options."""
         return push(
             self.spec, self.app, args, kwargs, when=self.when, on_commit=self.on_commit,
-            using=self.using,
+            using=self.using, debounce=self.debounce,
         )  # fmt: skip
 
     async def apush(self, *args: Any, **kwargs: Any) -> Receipt:
         """Like ``await task.apush(*args, **kwargs)``, with these options."""
         return await apush(
             self.spec, self.app, args, kwargs, when=self.when, on_commit=self.on_commit,
-            using=self.using,
+            using=self.using, debounce=self.debounce,
         )  # fmt: skip
 
 

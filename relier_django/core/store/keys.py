@@ -240,6 +240,13 @@ class KeySpace:
     def expiry(self) -> str:
         return f"{self._whole('expiry').prefix}:expiry"
 
+    def debounce(self, task_name: str, key: str) -> str:
+        # A debounced push's record: the id of the task its window waits for. Hashed
+        # like an idempotency key; push.lua reads the task's own keys from it, so
+        # unpartitioned stores only (as flow control).
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return f"{self.prefix}:db:{task_name}:{digest}"
+
     @property
     def schedule(self) -> str:
         return f"{self._whole('schedule').prefix}:sched"
@@ -383,6 +390,7 @@ class KeySpace:
             self._pattern("rcpt:*"),
             self._pattern("lim:*:tat"),  # a rate's next emission time (_limits.lua)
             self._pattern("lim_rates"),  # expires with the last reservation
+            self._pattern("db:*"),  # a debounce record left by a cancel (push.lua)
         )
 
     def owned_patterns(self) -> tuple[str, ...]:
@@ -427,15 +435,19 @@ class KeySpace:
         idem_key: str | None,
         admission: Sequence[str] = (),
         queue_list: tuple[str, str] | None = None,
+        debounce: str | None = None,
     ) -> list[str]:
         """``queue_list``: the broker's list and its doorbell (kombu's names, not ours)
-        when push.lua queues the message itself."""
+        when push.lua queues the message itself. ``debounce``: a debounced push's
+        record (:meth:`debounce`)."""
         p = self._with(task_id, idem_key)
         keys = [p.task(task_id), p.history(task_id), p.expiry, p.dlq_entry(task_id),
                 p.result(task_id), p.schedule, p.schedule_wake, *p._counted(),
                 *admission]  # fmt: skip
         if idem_key:
             keys.append(idem_key)
+        if debounce:
+            keys.append(debounce)
         return [*keys, *queue_list] if queue_list else keys
 
     def for_abort(self, task_id: str, idem_key: str | None) -> list[str]:
