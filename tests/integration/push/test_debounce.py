@@ -17,7 +17,6 @@ from relier_django import TaskSuperseded, result
 from relier_django.core.store.keys import KeySpace
 from testproject.demo import tasks
 from testproject.harness import wait_until
-
 from tests.leaks import assert_no_leaked_keys
 
 KEYS = KeySpace("rl")
