@@ -6,6 +6,11 @@ and fires the ``@rl_task`` ones through relier's claims instead of its own
 ``apply_async``, as a scanner does (``core.schedule.periodic.fire_due``). So any number
 of beats, workers and resurrectors fire each tick of those entries exactly once, and a
 beat alone (no worker up at the tick) still fires them.
+
+``relier_django.beat:DatabaseScheduler`` is django-celery-beat's ``DatabaseScheduler``
+made the same way (needs the ``celery-beat`` extra): beat runs the rows naming a plain
+Celery task, and leaves the ``@rl_task`` rows to relier, which fires them (with
+``RELIER["CELERY_BEAT_MODELS"]`` on) exactly once.
 """
 
 from __future__ import annotations
@@ -22,16 +27,18 @@ from .core.store.connection import sync_client
 logger = logging.getLogger("relier_django.beat")
 
 
-class Scheduler(PersistentScheduler):
-    """Celery's persistent scheduler, with ``@rl_task`` entries fired by relier."""
+class _RelierEntries:
+    """Beat's scheduler with ``@rl_task`` entries left to relier's claims."""
+
+    app: Any
 
     def apply_entry(self, entry: Any, producer: Any = None) -> Any:
         if _is_relier(self.app, entry.task):
             return None  # fired, claimed and recorded by fire_due() in tick()
-        return super().apply_entry(entry, producer=producer)
+        return super().apply_entry(entry, producer=producer)  # type: ignore[misc]
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        wait_s = float(super().tick(*args, **kwargs))
+        wait_s = float(super().tick(*args, **kwargs))  # type: ignore[misc]
         try:
             cfg = config.current()
             seconds, micros = sync_client(cfg).time()
@@ -41,6 +48,29 @@ class Scheduler(PersistentScheduler):
         except Exception:
             logger.exception("firing relier's periodic entries failed; retried next tick")
         return wait_s
+
+
+class Scheduler(_RelierEntries, PersistentScheduler):
+    """Celery's persistent scheduler, with ``@rl_task`` entries fired by relier."""
+
+
+def __getattr__(name: str) -> Any:
+    # Built on first use: django-celery-beat is an optional extra.
+    if name == "DatabaseScheduler":
+        from django_celery_beat.schedulers import DatabaseScheduler as Base
+
+        scheduler = type(
+            "DatabaseScheduler",
+            (_RelierEntries, Base),
+            {
+                "__module__": __name__,
+                "__doc__": "django-celery-beat's DatabaseScheduler, with ``@rl_task`` rows "
+                "fired by relier.",
+            },
+        )
+        globals()[name] = scheduler
+        return scheduler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _is_relier(app: Any, name: str) -> bool:
