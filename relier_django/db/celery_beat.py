@@ -1,9 +1,9 @@
 """django-celery-beat's periodic tasks, fired by relier (``RELIER["CELERY_BEAT_MODELS"]``).
 
-Its enabled ``PeriodicTask`` rows that name an ``@rl_task`` become periodic entries beside
-``beat_schedule``, fired by the scanner leader through the same exactly-once claims
-(docs/scheduling.md). Its admin keeps working: a row added, edited, disabled or deleted
-there takes effect at the next pass.
+Its enabled ``PeriodicTask`` rows that name an ``@rl_task`` become periodic entries
+beside ``beat_schedule``, fired by the scanners (the leader on time) through the same
+exactly-once claims (docs/scheduling.md). Its admin keeps working: a row added, edited,
+disabled or deleted there takes effect at the next pass.
 
 - One cheap query per pass: django-celery-beat moves ``PeriodicTasks.last_update`` at
   every save and delete made through the ORM; the rows are read again only when it
