@@ -203,6 +203,51 @@ def test_a_rows_ticks_fire_once_across_a_leader_sigkilled_and_replaced(
     assert times == [times[0] + timedelta(seconds=i) for i in range(len(times))]
 
 
+@pytest.mark.parametrize("shared_db", ["sqlite"], indirect=True)
+def test_beat_on_relier_database_scheduler_runs_plain_rows_and_leaves_rl_task_rows_to_relier(
+    shared_db, redis_server, redis_client, worker_factory, tmp_path
+):
+    env = shared_db.env(TESTPROJECT_CELERY_BEAT_MODELS="1", RELIER_SCAN_INTERVAL_S="0.5")
+    worker_factory(extra_env=env)
+    _on_shared_db(
+        shared_db,
+        redis_server.url,
+        "every, _ = IntervalSchedule.objects.get_or_create(every=1, period='seconds'); "
+        f"PeriodicTask.objects.create(name={ENTRY!r}, task='demo.sync_record', "
+        "interval=every, args=json.dumps(['db-relier'])); "
+        "PeriodicTask.objects.create(name='plain-row', task='demo.plain_record', "
+        "interval=every, args=json.dumps(['db-plain']))",
+    )
+    beat = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "testproject", "beat", "--loglevel", "INFO",
+         "-S", "relier_django.beat:DatabaseScheduler", "--max-interval", "1"],
+        cwd=REPO_ROOT, env=worker_env(redis_server.url, env),
+        stdout=open(tmp_path / "beat.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: int(redis_client.get("demo:plain:db-plain") or 0) >= 2, 60,
+                   what="beat to run the plain row twice")  # fmt: skip
+        wait_until(lambda: redis_client.llen("demo:exec:db-relier") >= 4, 60,
+                   what="four ticks of the @rl_task row")  # fmt: skip
+    finally:
+        beat.terminate()
+        try:
+            beat.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            beat.kill()
+            beat.wait()
+    time.sleep(1.5)  # a tick fired as beat stopped has time to run
+    # Every run of the @rl_task row came through a claimed tick (its task id is the
+    # tick's), none from beat's own apply_async: no tick ran twice.
+    done = {k.decode().split("{")[1].rstrip("}") for k in redis_client.keys("rl:r:*")}
+    now_s = int(time.time())
+    ticks_ms = [s * 1000 for s in range(now_s - 180, now_s + 2)]
+    assert done <= set(_ids(ticks_ms))
+    assert redis_client.llen("demo:exec:db-relier") == len(done)
+    assert "ERROR" not in (tmp_path / "beat.log").read_text()
+
+
 # -- edits, in process ----------------------------------------------------------------
 def test_an_edited_interval_takes_effect_at_the_next_pass_and_fires_no_tick_twice(
     models_on, redis_client, cfg, fired
