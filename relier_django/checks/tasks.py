@@ -193,7 +193,8 @@ def check_celery_beat_models(
     """
     from django.apps import apps
 
-    if not conf.get_django_settings().celery_beat_models:
+    found = _settings()
+    if found is None or not found[1].celery_beat_models:
         return []
     if not apps.is_installed("django_celery_beat"):
         return [Error(
