@@ -59,6 +59,22 @@ def __getattr__(name: str) -> Any:
     if name == "DatabaseScheduler":
         from django_celery_beat.schedulers import DatabaseScheduler as Base
 
+        def enabled_models(self: Any) -> list[Any]:
+            # The @rl_task rows are never beat's entries: beat would save each after
+            # its tick (last_run_at), moving the row's date_changed, which relier reads
+            # as the row's last change.
+            return [m for m in Base.enabled_models(self) if not _is_relier(self.app, m.task)]
+
+        def update_from_dict(self: Any, mapping: Any) -> None:
+            # beat_schedule's @rl_task entries stay out of the table: relier fires them
+            # from the settings, and a copy would be a second entry of the same name.
+            keep = {
+                n: e
+                for n, e in dict(mapping).items()
+                if not (isinstance(e, dict) and _is_relier(self.app, e.get("task")))
+            }
+            Base.update_from_dict(self, keep)
+
         scheduler = type(
             "DatabaseScheduler",
             (_RelierEntries, Base),
@@ -66,6 +82,8 @@ def __getattr__(name: str) -> Any:
                 "__module__": __name__,
                 "__doc__": "django-celery-beat's DatabaseScheduler, with ``@rl_task`` rows "
                 "fired by relier.",
+                "enabled_models": enabled_models,
+                "update_from_dict": update_from_dict,
             },
         )
         globals()[name] = scheduler

@@ -66,7 +66,7 @@ ensure_packages() {
   echo "$want" >"$stamp"
 }
 
-CELERY_BEAT_SPEC="django-celery-beat>=2.7"
+CELERY_BEAT_SPEC="django-celery-beat>=2.9"
 
 ensure_celery_beat() {
   # The optional django-celery-beat source (RELIER["CELERY_BEAT_MODELS"]): its own

@@ -207,7 +207,11 @@ def test_a_rows_ticks_fire_once_across_a_leader_sigkilled_and_replaced(
 def test_beat_on_relier_database_scheduler_runs_plain_rows_and_leaves_rl_task_rows_to_relier(
     shared_db, redis_server, redis_client, worker_factory, tmp_path
 ):
-    env = shared_db.env(TESTPROJECT_CELERY_BEAT_MODELS="1", RELIER_SCAN_INTERVAL_S="0.5")
+    # With a settings entry of an @rl_task too ("demo-beat", every 5 s): beat must not
+    # copy it into the table, where it would be a second entry of that name.
+    env = shared_db.env(
+        TESTPROJECT_CELERY_BEAT_MODELS="1", RELIER_SCAN_INTERVAL_S="0.5", DEMO_BEAT_EVERY_S="5"
+    )
     worker_factory(extra_env=env)
     _on_shared_db(
         shared_db,
@@ -243,9 +247,12 @@ def test_beat_on_relier_database_scheduler_runs_plain_rows_and_leaves_rl_task_ro
     done = {k.decode().split("{")[1].rstrip("}") for k in redis_client.keys("rl:r:*")}
     now_s = int(time.time())
     ticks_ms = [s * 1000 for s in range(now_s - 180, now_s + 2)]
-    assert done <= set(_ids(ticks_ms))
-    assert redis_client.llen("demo:exec:db-relier") == len(done)
+    assert done <= set(_ids(ticks_ms)) | set(_ids(ticks_ms, "demo-beat"))
+    ran = redis_client.llen("demo:exec:db-relier") + redis_client.llen("demo:exec:beat")
+    assert ran == len(done)
     assert "ERROR" not in (tmp_path / "beat.log").read_text()
+    names = {row[0] for row in shared_db.query("SELECT name FROM django_celery_beat_periodictask")}
+    assert "demo-beat" not in names and {ENTRY, "plain-row"} <= names
 
 
 # -- edits, in process ----------------------------------------------------------------
@@ -288,7 +295,7 @@ def test_a_crontab_row_fires_in_its_own_timezone(models_on, redis_client, cfg, f
 
 
 def test_disabling_or_deleting_a_row_stops_it_and_re_enabling_catches_up_nothing(
-    models_on, redis_client, cfg, fired
+    models_on, redis_client, cfg, fired, relier_log
 ):
     row = _row(every=1)
     t0 = _now_ms(redis_client)
@@ -316,6 +323,12 @@ def test_disabling_or_deleting_a_row_stops_it_and_re_enabling_catches_up_nothing
     periodic.fire_due(app, cfg, changed + 1_500)
     assert 1 <= len(fired("again")) <= 2  # the ticks after the change only
     assert int(redis_client.hget(KEYS.periodic, "again")) > changed
+    # Skipped, like any tick not fired, with its count: never silently.
+    (skipped,) = [
+        r.getMessage() for r in relier_log.records if "entry=again skipped" in r.getMessage()
+    ]
+    assert "before its last change" in skipped
+    assert 599 <= int(skipped.split(" skipped ")[1].split()[0]) <= 601
 
 
 def test_an_expired_row_fires_no_more_and_a_row_waits_for_its_start_time(

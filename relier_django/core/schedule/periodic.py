@@ -335,8 +335,14 @@ class _Firing:
                 logger.error("periodic source=%s failed: %s", bad.where, bad.detail)
             elif bad.problem is not Problem.NOT_RELIER and (bad.entry, bad.problem) not in _warned:
                 _warned.add((bad.entry, bad.problem))
-                logger.error(
-                    "periodic entry=%s (%s) is not fired: %s", bad.entry, bad.where, bad.detail
+                # A name taken is a duplicate, not a loss: the first entry fires.
+                level = logging.WARNING if bad.problem is Problem.NAME_TAKEN else logging.ERROR
+                logger.log(
+                    level,
+                    "periodic entry=%s (%s) is not fired: %s",
+                    bad.entry,
+                    bad.where,
+                    bad.detail,
                 )
         if not entries:
             return self.now_ms + _IDLE_MS
@@ -363,7 +369,20 @@ class _Firing:
             return self._settle(entry, self.now_ms, seed=True)
         if entry.since_ms is not None and entry.since_ms > last:
             # Changed since its last tick: the ticks before the change are not its
-            # (their state stays as it is, so tick.lua still refuses them all).
+            # (a row re-enabled after a month fires none of the month's), and like any
+            # skipped tick they are recorded, and logged with their count.
+            before = entry.schedule.due(last, min(entry.since_ms, self.now_ms), CATCH_UP_LIMIT)
+            if before.ticks:
+                logger.warning(
+                    "periodic entry=%s skipped %s%s tick(s) due since %s, before its last "
+                    "change at %s",
+                    entry.name,
+                    "" if before.exact else "about ",
+                    before.total,
+                    _iso(last),
+                    _iso(entry.since_ms),
+                )
+                done(self.keys, entry.name, before.ticks[-1], "").run(self.client)
             last = entry.since_ms
         due = entry.schedule.due(last, self.now_ms, CATCH_UP_LIMIT)
         if not due.ticks:
