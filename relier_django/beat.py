@@ -91,5 +91,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _is_relier(app: Any, name: str) -> bool:
+def _is_relier(app: Any, name: Any) -> bool:
     return hasattr(app.tasks.get(name), "relier_spec")
