@@ -42,6 +42,8 @@ exactly the unpartitioned one: ``<p>`` is the prefix.
 | ``<p>:lim:<scope>:ring``    | list   | the keys with parked tasks, in turn order; empties      |
 | ``<p>:lim:<scope>:w:<key>`` | list   | the ids parked under one key, in push order; empties    |
 | ``<p>:lim:<scope>:tat``     | string | a rate's theoretical arrival time (ms); TTL past it     |
+| ``<p>:lim_scopes``          | set    | the scopes with slots held or tasks parked; empties     |
+| ``<p>:lim_rates``           | zset   | rate scope -> its reservation's expiry (ms); TTL        |
 | ``<p>:m``                   | hash   | metrics: counters, histogram buckets; no TTL, bounded   |
 | ``<p>:m:w``                 | hash   | metrics: per-minute (120) and per-hour (80) ring slots  |
 | ``<p>:workers``             | zset   | worker main process id -> liveness deadline (ms)        |
@@ -315,6 +317,16 @@ class KeySpace:
     def limit_rate(self, scope: str) -> str:
         return f"{self.prefix}:lim:{scope}:tat"
 
+    @property
+    def limit_scopes(self) -> str:
+        """Set: the scopes with slots held or tasks parked (_limits.lua keeps it)."""
+        return f"{self.prefix}:lim_scopes"
+
+    @property
+    def limit_rates(self) -> str:
+        """Zset: rate scope -> when its reservation expires, ms (_limits.lua)."""
+        return f"{self.prefix}:lim_rates"
+
     def limit_pattern(self) -> str:
         """A SCAN pattern matching every flow-control key."""
         return f"{self.prefix}:lim:*"
@@ -370,6 +382,7 @@ class KeySpace:
             self.lock_by("*"),
             self._pattern("rcpt:*"),
             self._pattern("lim:*:tat"),  # a rate's next emission time (_limits.lua)
+            self._pattern("lim_rates"),  # expires with the last reservation
         )
 
     def owned_patterns(self) -> tuple[str, ...]:
