@@ -25,6 +25,9 @@ class RelierConfig(AppConfig):
         from .db import inbox
 
         inbox.install()  # @rl_task(atomic=...) bodies run with the fenced inbox
+        from .db import celery_beat
+
+        celery_beat.install()  # django-celery-beat's rows, read when CELERY_BEAT_MODELS is on
         from . import signals
 
         signals.install()  # the core's events as Django signals (task_dead_lettered, ...)

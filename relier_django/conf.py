@@ -77,6 +77,9 @@ class DjangoSettings:
     # How long the fenced inbox keeps a committed unit's row (a zombie paused longer
     # than this could write again): docs/transactions.md.
     inbox_keep_s: float = 7 * 24 * 3600.0
+    # django-celery-beat's enabled PeriodicTask rows that name an @rl_task are fired by
+    # relier's scanners too, exactly once per tick (docs/scheduling.md).
+    celery_beat_models: bool = False
 
 
 DJANGO_KEYS: tuple[str, ...] = tuple(f.name.upper() for f in dataclasses.fields(DjangoSettings))

@@ -66,6 +66,17 @@ ensure_packages() {
   echo "$want" >"$stamp"
 }
 
+CELERY_BEAT_SPEC="django-celery-beat>=2.9"
+
+ensure_celery_beat() {
+  # The optional django-celery-beat source (RELIER["CELERY_BEAT_MODELS"]): its own
+  # dependencies come with the test extra; its metadata says Django<6.1, which would make
+  # pip move Django off the matrix's version, so it is installed without dependencies.
+  if "$VENV/bin/python" -c "import django_celery_beat" 2>/dev/null; then return 0; fi
+  say "installing $CELERY_BEAT_SPEC into $VENV (--no-deps: Django stays as it is)"
+  "$VENV/bin/python" -m pip install -q --no-deps "$CELERY_BEAT_SPEC"
+}
+
 ensure_redis() {
   if command -v redis-server >/dev/null 2>&1; then return 0; fi
   say "redis-server is not on PATH; installing it with apt-get"
@@ -141,6 +152,7 @@ ensure_postgres() {
 
 ensure_venv
 ensure_packages
+ensure_celery_beat
 ensure_redis
 ensure_chromium
 ensure_prometheus

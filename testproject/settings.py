@@ -29,6 +29,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "relier_django",
     "testproject.demo",
+    # Its PeriodicTask rows, which relier fires with RELIER["CELERY_BEAT_MODELS"].
+    "django_celery_beat",
 ]
 if __import__("django").VERSION < (6, 0):  # django.tasks comes from its backport
     INSTALLED_APPS.append("django_tasks")
@@ -144,6 +146,8 @@ RELIER = {
     "REDIS_URL": RELIER_REDIS_URL,
     # testproject/demo/limit_tasks.py's named limit (docs/flow-control.md).
     "LIMITS": {"shared": {"concurrency": 2}},
+    # django-celery-beat's rows fired by relier (tests/integration/test_periodic_models.py).
+    "CELERY_BEAT_MODELS": env.bool("TESTPROJECT_CELERY_BEAT_MODELS", default=False),
 }
 
 # Django's task framework on relier (docs/django-tasks.md); the tasks of

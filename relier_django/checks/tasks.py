@@ -134,7 +134,9 @@ def check_periodic_schedule(
         One message per entry relier's scanners will not fire.
     """
     discovery.import_task_modules()  # as _relier_tasks: the check sees every task
-    _, rejected = periodic.read_entries(current_app)
+    # beat_schedule alone: a check reads no database (django-celery-beat's rows that
+    # relier cannot fire are logged by the scanner and shown on the admin's page).
+    _, rejected = periodic.read_entries(current_app, sources=False)
     where = "Celery's beat_schedule (CELERY_BEAT_SCHEDULE)"
     messages: list[CheckMessage] = []
     for bad in rejected:
@@ -171,6 +173,49 @@ def check_periodic_schedule(
                 id="relier.E010",
             ))  # fmt: skip
     return messages
+
+
+# What Celery's beat_scheduler may be to mean django-celery-beat's DatabaseScheduler.
+_DATABASE_SCHEDULERS = ("django", "django_celery_beat.schedulers:DatabaseScheduler")
+
+
+@register(TAG)
+def check_celery_beat_models(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """relier.E017 (``CELERY_BEAT_MODELS`` on without django-celery-beat installed),
+    relier.W010 (``CELERY_BEAT_MODELS`` on while Celery's ``beat_scheduler`` is
+    django-celery-beat's ``DatabaseScheduler``: a beat would fire the ``@rl_task`` rows
+    too, so each of their ticks would run twice).
+
+    Returns:
+        The messages; none while the setting is off.
+    """
+    from django.apps import apps
+
+    found = _settings()
+    if found is None or not found[1].celery_beat_models:
+        return []
+    if not apps.is_installed("django_celery_beat"):
+        return [Error(
+            "RELIER['CELERY_BEAT_MODELS'] is on, but django-celery-beat is not in "
+            "INSTALLED_APPS: no row of it is fired.",
+            hint="pip install 'relier-django[celery-beat]' and add 'django_celery_beat' to "
+            f"INSTALLED_APPS, or turn the setting off; {links.doc('scheduling.md')}.",
+            id="relier.E017",
+        )]  # fmt: skip
+    scheduler = str(current_app.conf.beat_scheduler or "")
+    if scheduler not in _DATABASE_SCHEDULERS:
+        return []
+    return [CheckWarning(
+        f"Celery's beat_scheduler is {scheduler!r} while RELIER['CELERY_BEAT_MODELS'] is "
+        "on: a celery beat run with it applies the @rl_task rows too, and relier's "
+        "scanners fire them as well, so each of their ticks would run twice.",
+        hint="Run beat with -S relier_django.beat:DatabaseScheduler (it leaves the "
+        "@rl_task rows to relier and runs the others), or run no celery beat; "
+        f"{links.doc('scheduling.md')}.",
+        id="relier.W010",
+    )]  # fmt: skip
 
 
 def _consumed_queues(

@@ -41,6 +41,16 @@ Missed ticks (the scanners were down): the entry's ``options["relier_missed"]``:
 ``"once"`` fires the newest one; ``"skip"`` fires only ticks that are on time (late by
 less than one leader lease plus a scan interval). Skipped ticks are always logged with
 their count, at WARNING.
+
+Sources beside ``beat_schedule`` (:func:`add_source`: django-celery-beat's table, read by
+the Django layer) hand entries of the same shape, read at every pass, so an edit takes
+effect within a scan. Decision: an edited entry keeps its name, so its state (the last
+recorded tick) carries over and tick.lua refuses every tick at or before it: whatever the
+new schedule, no tick time fires twice. Such an entry also carries
+``options["relier_since_ms"]`` (its last change): ticks at or before it are not fired, so
+an entry edited, re-enabled or re-created under an old name starts at its next tick
+instead of catching up ticks from before the change. A name in two sources is fired from
+the first only (``beat_schedule``), the other rejected (``Problem.NAME_TAKEN``).
 """
 
 from __future__ import annotations
@@ -50,7 +60,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -70,6 +80,10 @@ logger = logging.getLogger("relier_django.periodic")
 
 MISSED_OPTION = "relier_missed"
 """The key of an entry's ``options`` naming its missed-tick policy (``ticks.Missed``)."""
+SINCE_OPTION = "relier_since_ms"
+"""The key of an entry's ``options``: epoch ms at or before which no tick is fired."""
+BEAT_SCHEDULE = "beat_schedule"
+"""The name of the settings' source, in :class:`Rejected`."""
 # What fire_due answers when there is no entry: the caller's own pace decides.
 _IDLE_MS = 60_000
 
@@ -85,6 +99,25 @@ class Entry:
     kwargs: Mapping[str, Any] | None = None
     queue: str | None = None
     missed: Missed = Missed.ALL
+    since_ms: int | None = None  # no tick at or before it (options["relier_since_ms"])
+
+
+Source = Callable[[], Mapping[str, Any]]
+"""Entries beside ``beat_schedule``, name to a dict of the same shape. Called at every
+pass of every scanner: it must be cheap, and never raise while it can answer the last
+entries it read (a source whose read raises has no entry fired in that pass)."""
+
+_sources: dict[str, Source] = {}
+
+
+def add_source(where: str, source: Source) -> None:
+    """Fire ``source``'s entries too; ``where`` names it in logs and checks. Adding a
+    source under a name already added replaces it."""
+    _sources[where] = source
+
+
+def remove_source(where: str) -> None:
+    _sources.pop(where, None)
 
 
 class Problem(enum.StrEnum):
@@ -94,6 +127,8 @@ class Problem(enum.StrEnum):
     BAD_SCHEDULE = "bad_schedule"
     BAD_ENTRY = "bad_entry"  # args, kwargs, options or the missed policy
     NOT_RELIER = "not_relier"  # a plain Celery task: celery beat's job
+    NAME_TAKEN = "name_taken"  # an earlier source has an entry of that name
+    SOURCE_FAILED = "source_failed"  # the source itself raised: none of its entries
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,30 +136,50 @@ class Rejected:
     entry: str
     problem: Problem
     detail: str
+    where: str = BEAT_SCHEDULE
 
 
-def read_entries(app: Any) -> tuple[list[Entry], list[Rejected]]:
-    """The app's ``beat_schedule``: the entries relier fires, and the others with why.
+def read_entries(app: Any, sources: bool = True) -> tuple[list[Entry], list[Rejected]]:
+    """The app's ``beat_schedule`` and every added source's entries: the entries relier
+    fires, and the others with why.
 
     Args:
         app: the Celery app (its tasks already imported).
+        sources: False reads ``beat_schedule`` alone (no I/O: the system checks).
 
     Returns:
         (entries naming an ``@rl_task`` with a valid schedule, every other entry).
     """
     entries: list[Entry] = []
     rejected: list[Rejected] = []
-    for name, raw in dict(app.conf.beat_schedule or {}).items():
+    seen: dict[str, str] = {}
+    read: list[tuple[str, Source]] = [(BEAT_SCHEDULE, lambda: app.conf.beat_schedule or {})]
+    if sources:
+        read.extend(_sources.items())
+    for where, source in read:
         try:
-            entries.append(_entry(app, str(name), raw))
-        except _Reject as exc:
-            rejected.append(Rejected(str(name), exc.problem, str(exc)))
-        except Exception as exc:  # one entry's fault is that entry's alone
-            # Anything else an entry's values raise (a key function, a mapping that
-            # fails to read) rejects that entry, reported like the others, never the
-            # whole schedule: the scanner fires every entry from this list.
+            raws = dict(source())
+        except Exception as exc:
             detail = f"reading it raised {type(exc).__name__}: {exc}"
-            rejected.append(Rejected(str(name), Problem.BAD_ENTRY, detail))
+            rejected.append(Rejected("*", Problem.SOURCE_FAILED, detail, where))
+            continue
+        for name, raw in raws.items():
+            name = str(name)
+            if name in seen:
+                detail = f"the name is taken by an entry in {seen[name]}, which is fired instead"
+                rejected.append(Rejected(name, Problem.NAME_TAKEN, detail, where))
+                continue
+            seen[name] = where
+            try:
+                entries.append(_entry(app, name, raw))
+            except _Reject as exc:
+                rejected.append(Rejected(name, exc.problem, str(exc), where))
+            except Exception as exc:  # one entry's fault is that entry's alone
+                # Anything else an entry's values raise (a key function, a mapping that
+                # fails to read) rejects that entry, reported like the others, never the
+                # whole schedule: the scanner fires every entry from this list.
+                detail = f"reading it raised {type(exc).__name__}: {exc}"
+                rejected.append(Rejected(name, Problem.BAD_ENTRY, detail, where))
     return entries, rejected
 
 
@@ -152,6 +207,13 @@ def _entry(app: Any, name: str, raw: Any) -> Entry:
         raise _Reject(Problem.BAD_ENTRY, "'args' must be a list or tuple, 'kwargs' a dict")
     if not isinstance(options, Mapping):
         raise _Reject(Problem.BAD_ENTRY, "'options' must be a dict")
+    if raw.get("one_off"):
+        # A one-off run is a push with an eta (or django-celery-beat's own beat): an
+        # entry that must switch itself off after firing has no state relier keeps.
+        raise _Reject(Problem.BAD_ENTRY, "a one_off entry is not fired by relier")
+    since = options.get(SINCE_OPTION)
+    if since is not None and (not isinstance(since, int) or isinstance(since, bool)):
+        raise _Reject(Problem.BAD_ENTRY, f"'{SINCE_OPTION}' must be epoch ms, an int")
     try:
         missed = Missed(options.get(MISSED_OPTION, Missed.ALL))
         arguments.check(spec, tuple(args), dict(kwargs))
@@ -166,6 +228,7 @@ def _entry(app: Any, name: str, raw: Any) -> Entry:
         dict(kwargs),
         queue if isinstance(queue, str) else None,
         missed,
+        since,
     )
 
 
@@ -267,9 +330,20 @@ class _Firing:
     def run(self) -> int:
         entries, rejected = read_entries(self.app)
         for bad in rejected:
-            if bad.problem is not Problem.NOT_RELIER and (bad.entry, bad.problem) not in _warned:
+            if bad.problem is Problem.SOURCE_FAILED:
+                # Said by the source itself, which knows whether it kept its last read.
+                logger.error("periodic source=%s failed: %s", bad.where, bad.detail)
+            elif bad.problem is not Problem.NOT_RELIER and (bad.entry, bad.problem) not in _warned:
                 _warned.add((bad.entry, bad.problem))
-                logger.error("periodic entry=%s is not fired: %s", bad.entry, bad.detail)
+                # A name taken is a duplicate, not a loss: the first entry fires.
+                level = logging.WARNING if bad.problem is Problem.NAME_TAKEN else logging.ERROR
+                logger.log(
+                    level,
+                    "periodic entry=%s (%s) is not fired: %s",
+                    bad.entry,
+                    bad.where,
+                    bad.detail,
+                )
         if not entries:
             return self.now_ms + _IDLE_MS
         lasts = self.client.hmget(self.keys.periodic, [e.name for e in entries])
@@ -293,6 +367,23 @@ class _Firing:
         """Fire ``entry``'s due ticks; False when some are left for a later call."""
         if last is None:  # first seen: its first tick is the next one
             return self._settle(entry, self.now_ms, seed=True)
+        if entry.since_ms is not None and entry.since_ms > last:
+            # Changed since its last tick: the ticks before the change are not its
+            # (a row re-enabled after a month fires none of the month's), and like any
+            # skipped tick they are recorded, and logged with their count.
+            before = entry.schedule.due(last, min(entry.since_ms, self.now_ms), CATCH_UP_LIMIT)
+            if before.ticks:
+                logger.warning(
+                    "periodic entry=%s skipped %s%s tick(s) due since %s, before its last "
+                    "change at %s",
+                    entry.name,
+                    "" if before.exact else "about ",
+                    before.total,
+                    _iso(last),
+                    _iso(entry.since_ms),
+                )
+                done(self.keys, entry.name, before.ticks[-1], "").run(self.client)
+            last = entry.since_ms
         due = entry.schedule.due(last, self.now_ms, CATCH_UP_LIMIT)
         if not due.ticks:
             return True

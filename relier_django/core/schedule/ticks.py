@@ -114,7 +114,8 @@ Schedule = Every | Cron
 
 def parse_schedule(value: Any, tz: tzinfo) -> Schedule:
     """An entry's ``schedule`` (seconds, ``timedelta``, ``celery.schedules.schedule`` or
-    ``crontab``) as a :class:`Schedule`.
+    ``crontab``, read in its own timezone if it was given one, else in ``tz``) as a
+    :class:`Schedule`.
 
     Raises:
         ValueError: any other value, or an interval that is not a finite number of
@@ -122,7 +123,10 @@ def parse_schedule(value: Any, tz: tzinfo) -> Schedule:
             negative ones included).
     """
     if isinstance(value, crontab):
-        return Cron(value, tz)
+        # A crontab given a timezone of its own (django-celery-beat's rows carry one)
+        # is read in it; Celery's plain crontab has none until asked, then the app's.
+        own = vars(value).get("tz")
+        return Cron(value, own if isinstance(own, tzinfo) else tz)
     if isinstance(value, celery_interval) and type(value) is celery_interval:
         value = value.run_every
     if isinstance(value, timedelta):
