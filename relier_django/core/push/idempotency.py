@@ -68,7 +68,7 @@ def store(
         keys.for_push(envelope.id, idem, [limit.key for limit in admission], queued),
         [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms, max_resurrections,
          *admission_args(admission), payload, token or uuid.uuid4().hex,
-         *when.script_args(), gate.script_arg() if gate is not None else ""],
+         *when.script_args(), gate.script_arg() if gate is not None else "", keys.ledger_ms],
         _parse_store,
     )  # fmt: skip
 
@@ -81,6 +81,6 @@ def abort(keys: KeySpace, envelope: Envelope, token: str) -> scripts.ScriptCall[
     return scripts.ScriptCall(
         scripts.ABORT,
         keys.for_abort(envelope.id, idem),
-        [envelope.id, token],
+        [envelope.id, token, keys.ledger_ms],
         lambda r: bool(int(r)),
     )

@@ -48,12 +48,15 @@
 --          as push.lua stores a gated push, never queued here: it takes a slot of its
 --          scope or waits in its key's line, and the scanner leader dispatches it
 --          through its rate (schedule_take.lua), so a workflow's step keeps its limits.
+-- ARGV[16] the audit ledger's horizon, ms ('' or absent: off; ARGV[15] is then given,
+--          '' for no gate): a successor created is noted in the ledger (_ledger.lua)
 -- A gated task's slot is freed and handed to the next parked task (_limits.lua, G14).
 -- Counts: 'committed' and the minute's and hour's 'ok' once per task; 'stale' per refused
 -- call (a zombie's commit; a client retry of a refused call counts again).
 -- @include _metrics
 -- @include _clock
 -- @include _limits
+-- @include _ledger
 local id = ARGV[1]
 local fields = redis.call('HMGET', KEYS[1], 'fence', 'state', 'lim')
 if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
@@ -133,6 +136,7 @@ if next_id and redis.call('EXISTS', KEYS[9]) == 0 and redis.call('EXISTS', KEYS[
     end
   end
   metric_count(KEYS[5], 'pushed')
+  ledger_note(KEYS[3], ARGV[16], now_ms, 'p', next_id) -- the audit ledger (relier_audit)
   created = 1
 end
 metric_count(KEYS[5], 'committed')

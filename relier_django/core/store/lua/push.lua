@@ -44,6 +44,8 @@
 --             'parked' in its key's line (push order); then, or at its countdown, it
 --             is stored 'scheduled' for the leader's dispatch (schedule_take.lua),
 --             which reserves its rate (and the slot of one due later) (G14; _limits.lua)
+-- ARGV[15+2n] the audit ledger's horizon, ms ('', absent or 0: off): a task stored is
+--             noted in its partition's ledger (_ledger.lua), for relier_audit
 -- A task due later than now is stored 'scheduled' in the schedule index instead of the
 -- expiry index, and not queued (the message, if given, is not pushed): the scanner
 -- leader dispatches it when due (G11). The earliest due time wakes the leader.
@@ -67,6 +69,7 @@
 -- @include _metrics
 -- @include _clock
 -- @include _limits
+-- @include _ledger
 local id = ARGV[1]
 local n = tonumber(ARGV[7] or '0')
 local message = ARGV[8 + 2 * n]
@@ -128,6 +131,7 @@ redis.call('HSET', KEYS[1],
   'attempt', '1', 'res', '0', 'name', ARGV[3], 'queue', ARGV[4], 'idem', idem or '',
   'created_ms', now_text, 'maxres', ARGV[6], 'pushers', '1', pusher, '1')
 metric_count(KEYS[8], 'pushed')
+ledger_note(KEYS[3], ARGV[15 + 2 * n], now_ms, 'p', id)
 if gate ~= '' then
   local scope, key, capacity = limit_store_gate(KEYS[1], gate)
   -- Due at once: its slot now, or its place in its key's line, in push order (one due
