@@ -92,10 +92,10 @@ def _noted(client: redis.Redis, ledger: str, since_ms: int) -> dict[str, tuple[i
     found: dict[str, tuple[int, bool]] = {}
     start = f"{since_ms}-0"
     while True:
-        page = client.xrange(ledger, min=start, max="+", count=_PAGE)
+        page: list[Any] = client.xrange(ledger, min=start, max="+", count=_PAGE) or []
         for raw_id, fields in page:
-            at = int(_text(raw_id).partition("-")[0])  # type: ignore[union-attr]
-            for raw_event, raw_task in fields.items():
+            at = int(str(_text(raw_id)).partition("-")[0])
+            for raw_event, raw_task in (fields or {}).items():
                 event, task_id = _text(raw_event), _text(raw_task) or ""
                 first = found.get(task_id, (at, False))[0]
                 found[task_id] = (first, event == "a")
