@@ -73,7 +73,7 @@ def test_every_push_is_explained_and_a_hand_deleted_task_is_the_one_unexplained(
         "at_ms": shown["at_ms"], "since_ms": shown["since_ms"],
         "horizon_s": config.current().audit_horizon_ms / 1000, "ledger": True,
         "noted": 8, "committed": 3, "dead_lettered": 1, "cancelled": 1, "in_flight": 2,
-        "aborted": 0, "dead_lettered_by_reason": {"exception": 1},
+        "dead_lettered_by_reason": {"exception": 1},
         "in_flight_by_state": {"running": 1, "scheduled": 1}, "unexplained": 1,
         "unexplained_ids": [
             {"task_id": lost.task_id, "noted_ms": shown["unexplained_ids"][0]["noted_ms"],

@@ -4,8 +4,9 @@ time range, each explained by what the store holds for it now.
 ``push.lua`` (every push: ``push()``, the outbox relay, periodic ticks, DLQ-free
 re-pushes) and ``commit.lua`` (a workflow's next step) note each task they store in its
 partition's ledger (``<p>:ledger``, a stream trimmed to ``AUDIT_HORIZON_S``); ``abort.lua``
-notes a store it undid because the push raised. The audit reads those notes and puts
-each id in one class, from one consistent reading (``MULTI``) of its keys:
+takes the note back when it undoes a store because the push raised. The audit reads
+the notes and puts each id in one class, from one consistent reading (``MULTI``) of
+its keys:
 
 - ``committed``: its outcome record says so (``<p>:r:{id}``, kept ``RESULT_TTL_S``);
 - ``dead_lettered``: its outcome record says failed, or its DLQ entry exists (the reason
@@ -14,7 +15,6 @@ each id in one class, from one consistent reading (``MULTI``) of its keys:
 - ``in_flight``: its task hash exists and it is within its bound: an index (expiry or
   schedule) holds it with a deadline or due time that has not passed by more than
   ``slack_ms``, or it waits for a flow-control slot (``parked``);
-- ``aborted``: its store was undone (the push raised to its caller);
 - otherwise **unexplained**: ``gone`` (no key of it is left), ``overdue`` (in flight
   past its bound), or ``unindexed`` (a task hash that no index holds).
 
@@ -34,7 +34,7 @@ import redis
 
 from ..store.keys import KeySpace
 
-CLASSES: tuple[str, ...] = ("committed", "dead_lettered", "cancelled", "in_flight", "aborted")
+CLASSES: tuple[str, ...] = ("committed", "dead_lettered", "cancelled", "in_flight")
 _PAGE = 1000  # ledger entries per XRANGE; ids classified per MULTI
 
 
@@ -87,18 +87,16 @@ def _text(value: Any) -> str | None:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _noted(client: redis.Redis, ledger: str, since_ms: int) -> dict[str, tuple[int, bool]]:
-    """id -> (first noted at, aborted after its last store), from one partition's ledger."""
-    found: dict[str, tuple[int, bool]] = {}
+def _noted(client: redis.Redis, ledger: str, since_ms: int) -> dict[str, int]:
+    """id -> when it was first noted, from one partition's ledger."""
+    found: dict[str, int] = {}
     start = f"{since_ms}-0"
     while True:
         page: list[Any] = client.xrange(ledger, min=start, max="+", count=_PAGE) or []
         for raw_id, fields in page:
             at = int(str(_text(raw_id)).partition("-")[0])
-            for raw_event, raw_task in (fields or {}).items():
-                event, task_id = _text(raw_event), _text(raw_task) or ""
-                first = found.get(task_id, (at, False))[0]
-                found[task_id] = (first, event == "a")
+            for raw_task in (fields or {}).values():
+                found.setdefault(_text(raw_task) or "", at)
         if len(page) < _PAGE:
             return found
         start = f"({_text(page[-1][0])}"
@@ -174,12 +172,10 @@ def audit(
             chunk = ids[start : start + _PAGE]
             now_ms, rows = _classify(client, part, chunk, slack_ms)
             for task_id, kind, detail in rows:
-                if not kind and found[task_id][1]:
-                    kind = "aborted"  # undone by abort.lua: its push raised
                 if not kind:
                     missing += 1
                     if len(unexplained) < limit:
-                        unexplained.append(Unexplained(task_id, found[task_id][0], detail))
+                        unexplained.append(Unexplained(task_id, found[task_id], detail))
                     continue
                 classes[kind] += 1
                 if kind == "dead_lettered":

@@ -81,6 +81,6 @@ def abort(keys: KeySpace, envelope: Envelope, token: str) -> scripts.ScriptCall[
     return scripts.ScriptCall(
         scripts.ABORT,
         keys.for_abort(envelope.id, idem),
-        [envelope.id, token, keys.ledger_ms],
+        [envelope.id, token],
         lambda r: bool(int(r)),
     )

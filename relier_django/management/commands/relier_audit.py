@@ -2,7 +2,7 @@
 
 Every task pushed since ``--since`` (the outbox relay's and periodic ticks' included,
 and a workflow's steps) is explained as committed, dead-lettered (with its reason),
-cancelled, in flight within its bound, or aborted (its push raised); what is left is
+cancelled, or in flight within its bound; what is left is
 printed as ``unexplained: 0`` or the ids. ``--json`` prints one object for a cron job
 and an alert; ``--check`` exits 1 when any id is unexplained (docs/commands.md).
 """

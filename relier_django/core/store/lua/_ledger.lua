@@ -10,15 +10,32 @@
 -- the ledger is off (AUDIT_HORIZON_S = 0); each caller notes only after its replay check,
 -- so a replayed call adds nothing. A server without MINID (Redis < 6.2) keeps no ledger:
 -- the event is dropped rather than the push refused.
-local function ledger_note(expiry_key, horizon_ms, now_ms, event, id)
+local function ledger_note(expiry_key, horizon_ms, now_ms, id, task_key)
   local horizon = tonumber(horizon_ms or '') or 0
   if horizon <= 0 then
     return
   end
   local key = string.sub(expiry_key, 1, -8) .. ':ledger'
   local added = redis.pcall('XADD', key, 'MINID', '~', string.format('%d', now_ms - horizon),
-    '*', event, id)
-  if type(added) ~= 'table' or not added.err then
-    redis.call('PEXPIRE', key, string.format('%d', horizon))
+    '*', 'p', id)
+  if type(added) == 'table' and added.err then
+    return
+  end
+  redis.call('PEXPIRE', key, string.format('%d', horizon))
+  if task_key then
+    redis.call('HSET', task_key, 'ledger', added)
+  end
+end
+
+-- The entry ledger_note kept in the task hash, taken back (abort.lua); an emptied
+-- ledger goes with it, so an undone push leaves no key.
+local function ledger_forget(expiry_key, entry)
+  if not entry then
+    return
+  end
+  local key = string.sub(expiry_key, 1, -8) .. ':ledger'
+  redis.call('XDEL', key, entry)
+  if redis.call('XLEN', key) == 0 then
+    redis.call('DEL', key)
   end
 end

@@ -10,21 +10,18 @@
 -- KEYS[6]  idempotency key (only for idempotent tasks)
 -- ARGV[1]  task id
 -- ARGV[2]  the push token the failed call gave push.lua
--- ARGV[3]  the audit ledger's horizon, ms ('', absent or 0: off): an undone store is
---          noted ('a'), so relier_audit does not count a push that raised as lost
 -- RETURNS  1 nothing of the push is left: undone now, or before (a replay of this call
 --            after a lost reply finds the task gone and answers the same)
 --          0 kept: the task has moved on (started, superseded) or another push of the
 --            identical envelope still counts on it; nothing else touched
 -- Counts: an undone store takes back its 'pushed' (once: a replay finds the task gone).
 -- @include _metrics
--- @include _clock
 -- @include _ledger
 local id = ARGV[1]
 if redis.call('HDEL', KEYS[1], 'push:' .. ARGV[2]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'pushers', -1)
 end
-local f = redis.call('HMGET', KEYS[1], 'state', 'fence', 'pushers')
+local f = redis.call('HMGET', KEYS[1], 'state', 'fence', 'pushers', 'ledger')
 if not f[1] then
   return 1
 end
@@ -37,5 +34,5 @@ if KEYS[6] and redis.call('GET', KEYS[6]) == id then
   redis.call('DEL', KEYS[6])
 end
 metric_count(KEYS[4], 'pushed', -1)
-ledger_note(KEYS[3], ARGV[3], clock(), 'a', id)
+ledger_forget(KEYS[3], f[4])  -- nothing was pushed: the audit ledger's note goes too
 return 1

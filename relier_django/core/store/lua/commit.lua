@@ -136,7 +136,7 @@ if next_id and redis.call('EXISTS', KEYS[9]) == 0 and redis.call('EXISTS', KEYS[
     end
   end
   metric_count(KEYS[5], 'pushed')
-  ledger_note(KEYS[3], ARGV[16], now_ms, 'p', next_id) -- the audit ledger (relier_audit)
+  ledger_note(KEYS[3], ARGV[16], now_ms, next_id) -- the audit ledger (relier_audit)
   created = 1
 end
 metric_count(KEYS[5], 'committed')
