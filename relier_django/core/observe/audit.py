@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from ..store.keys import KeySpace
 
@@ -107,7 +108,9 @@ def _classify(
 ) -> tuple[int, list[tuple[str, str, str]]]:
     """The Redis clock and ``(id, class, detail)`` for each id, from one MULTI: the
     keys are read as they stood together, so a task moving on meanwhile is seen once."""
-    pipe = client.pipeline(transaction=True)
+    # A cluster's pipeline reads each key where it lives (one partition is one slot, but
+    # TIME has no slot): there the reading is consistent per key only.
+    pipe = client.pipeline(transaction=not isinstance(client, RedisCluster))
     pipe.time()
     for task_id in ids:
         pipe.get(keys.result(task_id))
