@@ -12,6 +12,8 @@ import time
 import pytest
 from django.core.management import call_command
 
+from chaos.evidence import Evidence, read_audit
+from chaos.invariants import check
 from relier_django import TaskFailed, cancel
 from relier_django.core.model import config
 from relier_django.core.observe.audit import audit, now
@@ -84,6 +86,26 @@ def test_every_push_is_explained_and_a_hand_deleted_task_is_the_one_unexplained(
     with pytest.raises(SystemExit) as exit_:
         _audit("--since", "10m", "--check")
     assert exit_.value.code == 1
+
+
+def test_the_chaos_evidence_ends_with_the_audit_and_a_deleted_result_is_one_unexplained_id(
+    worker, redis_client
+):
+    """The chaos runner's last check (chaos/evidence.py read_audit): after a drain every
+    push is explained; an outcome record deleted by hand is exactly one unexplained id."""
+    keys = KeySpace.of(config.current())
+    receipts = [tasks.record.push(f"drained{i}") for i in range(5)]
+    for receipt in receipts:
+        receipt.get(timeout=30)
+    client = sync_client(config.current())
+    found = read_audit(client)
+    assert (found.noted, found.classes, found.unexplained) == (5, {"committed": 5}, 0)
+    redis_client.delete(keys.result(receipts[2].task_id))
+    found = read_audit(client)
+    assert found.unexplained == 1
+    assert [u.task_id for u in found.unexplained_ids] == [receipts[2].task_id]
+    (audit_check,) = [c for c in check(Evidence(pushed={}, audit=found)) if "audit" in c.name]
+    assert not audit_check.ok and receipts[2].task_id in audit_check.detail
 
 
 def test_a_task_past_its_deadline_is_overdue_and_one_no_index_holds_is_unindexed(redis_client):
