@@ -131,7 +131,7 @@ redis.call('HSET', KEYS[1],
   'attempt', '1', 'res', '0', 'name', ARGV[3], 'queue', ARGV[4], 'idem', idem or '',
   'created_ms', now_text, 'maxres', ARGV[6], 'pushers', '1', pusher, '1')
 metric_count(KEYS[8], 'pushed')
-ledger_note(KEYS[3], ARGV[15 + 2 * n], now_ms, id, KEYS[1])
+ledger_note(KEYS[3], ARGV[15 + 2 * n], now_ms, id)
 if gate ~= '' then
   local scope, key, capacity = limit_store_gate(KEYS[1], gate)
   -- Due at once: its slot now, or its place in its key's line, in push order (one due
