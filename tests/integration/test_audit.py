@@ -17,6 +17,7 @@ from chaos.invariants import check
 from relier_django import TaskFailed, cancel
 from relier_django.core.model import config
 from relier_django.core.observe.audit import audit, now
+from relier_django.core.push import idempotency, producer
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from testproject.demo import tasks
@@ -141,3 +142,32 @@ def test_off_the_ledger_notes_nothing(redis_client, settings):
 def test_a_horizon_longer_than_the_results_is_refused():
     with pytest.raises(Exception, match="audit_horizon_s"):
         config.Config(result_ttl_s=60, audit_horizon_s=120)
+
+
+def test_a_partitioned_store_keeps_a_ledger_per_partition_and_the_audit_reads_them_all(
+    redis_client,
+):
+    keys = KeySpace("rl", True, 4, True, ledger_ms=60_000)
+    ids = []
+    for i in range(12):
+        env = producer.prepare(tasks.record.relier_spec, (f"p{i}",), {}, f"part-{i}")
+        assert idempotency.store(keys, env, env.encode(), 60_000, 3).run(redis_client).stored
+        ids.append(env.id)
+    ledgers = {part.ledger for part in keys.parts() if redis_client.exists(part.ledger)}
+    assert len(ledgers) > 1  # the ids spread over partitions, each noted in its own
+    redis_client.delete(keys.task(ids[5]))
+    found = audit(redis_client, keys, now(redis_client) - 60_000, slack_ms=3000)
+    assert (found.noted, found.in_flight_by_state) == (12, {"queued": 11})
+    assert [(u.task_id, u.why) for u in found.unexplained_ids] == [(ids[5], "gone")]
+
+
+def test_since_takes_a_duration_and_names_the_form_it_wants(redis_client):
+    from django.core.management.base import CommandError
+
+    from relier_django.management.commands.relier_audit import parse_since
+
+    assert [parse_since(t) for t in ("90s", "15m", "24h", "2d", "30")] == [
+        90, 900, 86400, 172800, 30,
+    ]  # fmt: skip
+    with pytest.raises(CommandError, match="such as 90s, 15m, 24h or 2d"):
+        _audit("--since", "yesterday")
