@@ -108,19 +108,21 @@ def _classify(
 ) -> tuple[int, list[tuple[str, str, str]]]:
     """The Redis clock and ``(id, class, detail)`` for each id, from one MULTI: the
     keys are read as they stood together, so a task moving on meanwhile is seen once."""
-    # A cluster's pipeline reads each key where it lives (one partition is one slot, but
-    # TIME has no slot): there the reading is consistent per key only.
-    pipe = client.pipeline(transaction=not isinstance(client, RedisCluster))
-    pipe.time()
+    # A cluster's pipeline reads each key where it lives and takes no TIME (it has no
+    # slot): there the clock is read first, and the reading is consistent per key only.
+    cluster = isinstance(client, RedisCluster)
+    pipe = client.pipeline(transaction=not cluster)
+    if not cluster:
+        pipe.time()
     for task_id in ids:
         pipe.get(keys.result(task_id))
         pipe.hget(keys.dlq_entry(task_id), "reason")
         pipe.hget(keys.task(task_id), "state")
         pipe.zscore(keys.expiry, task_id)
         pipe.zscore(keys.schedule, task_id)
-    replies = pipe.execute()
-    seconds, micros = replies[0]
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    replies = [now(client)] if cluster else []
+    replies += pipe.execute()
+    now_ms = replies[0] if cluster else _ms(replies[0])
     out: list[tuple[str, str, str]] = []
     for i, task_id in enumerate(ids):
         record, reason, state, deadline, due = replies[1 + 5 * i : 6 + 5 * i]
@@ -195,5 +197,11 @@ def audit(
 
 def now(client: redis.Redis) -> int:
     """The Redis clock, ms: the audit's ranges are on it, as the ledger's ids are."""
-    seconds, micros = client.time()
+    return _ms(client.time())
+
+
+def _ms(reply: Any) -> int:
+    if isinstance(reply, dict):  # a cluster's TIME: one reply per node asked
+        reply = next(iter(reply.values()))
+    seconds, micros = reply
     return int(seconds) * 1000 + int(micros) // 1000
