@@ -12,6 +12,7 @@ from typing import Any
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
+from .broker import publish
 from .model import arguments, config, ids, links, workflow
 from .model import limits as limits_mod
 from .model import options as options_mod
@@ -137,6 +138,7 @@ class RelierTask(Task):
                 printable characters without whitespace (``model.ids``); nothing is
                 stored.
         """
+        lent = options.get("producer")  # a group's or chord's, held while it applies
         chosen = options_mod.call_options(options)
         when = timing(
             chosen.pop("countdown", None), chosen.pop("eta", None), chosen.pop("expires", None)
@@ -149,10 +151,11 @@ class RelierTask(Task):
                 raise TypeError("a chain inside a chord's header is not supported yet")
             callback = _steps(self.app, [body])[0]
             chord = {"id": chosen.get("group_id"), "index": index, "callback": callback.wire()}
-        return producer.push(
-            self.relier_spec, self.app, tuple(args or ()), dict(kwargs or {}), when=when,
-            chain=steps, chord=chord, position=index, **chosen,
-        )  # fmt: skip
+        with publish.lending(lent):
+            return producer.push(
+                self.relier_spec, self.app, tuple(args or ()), dict(kwargs or {}), when=when,
+                chain=steps, chord=chord, position=index, **chosen,
+            )  # fmt: skip
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # In a worker, Celery's tracer calls the task with the message's arguments (one

@@ -8,6 +8,8 @@ and releasing it resumes the chain."""
 from __future__ import annotations
 
 import json
+import threading
+from typing import Any
 
 import pytest
 from celery import chain, group
@@ -16,6 +18,7 @@ import relier_django
 from relier_django import dlq
 from relier_django.core.model.envelope import decode
 from relier_django.core.store.keys import KeySpace
+from testproject.celery import app
 from testproject.demo import tasks
 from testproject.harness import wait_until
 from tests.leaks import assert_no_leaked_keys
@@ -211,3 +214,32 @@ def test_a_groups_members_are_readable_under_the_group_id(worker, redis_client):
     assert view is not None and view.kind == "group" and view.state == "SUCCESS"
     assert [s.task_id for s in view.steps] == [r.id for r in result.results]
     assert relier_django.workflow("no-such-workflow") is None
+
+
+def test_a_group_applied_while_the_producer_pool_is_nearly_empty_does_not_deadlock(
+    worker, redis_client
+):
+    """Celery's group holds one producer of the app's pool while it applies each member
+    and passes it on (``apply_async(producer=...)``). A member's push must send with
+    that producer: taking a second from the pool deadlocks as soon as as many threads
+    as the pool holds apply groups at once (here: every producer but one is taken, so
+    one group shows it)."""
+    pool = app.producer_pool
+    taken = [pool.acquire(block=True) for _ in range(pool.limit - 1)]
+    done = threading.Event()
+    results: list[Any] = []
+
+    def apply() -> None:
+        results.append(group(tasks.step_add.s(i, 1) for i in range(2)).apply_async())
+        done.set()
+
+    applying = threading.Thread(target=apply, daemon=True)
+    try:
+        applying.start()
+        finished = done.wait(20)
+    finally:
+        for producer in taken:
+            producer.release()
+        applying.join(30)
+    assert finished, "the group's apply waited for a second producer from an empty pool"
+    assert [relier_django.result(r.id).get(timeout=30) for r in results[0].results] == [1, 2]

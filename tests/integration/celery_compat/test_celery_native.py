@@ -71,7 +71,7 @@ def test_an_option_it_cannot_honour_is_refused_and_nothing_is_pushed(options, sa
 
 
 def test_link_is_refused_by_name_until_callbacks_land(redis_client):
-    # chain, group and chord are supported (tests/integration/test_chain.py, test_chord.py).
+    # chain, group and chord are supported (tests/integration/workflows/: test_chain, test_chord).
     with pytest.raises(TypeError, match="canvas"):
         tasks.sync_record.apply_async(("a",), link_error=tasks.sync_record.s())
     assert redis_client.dbsize() == 0
