@@ -197,6 +197,8 @@ class Lab:
             found.append(str(leaked))
         # relier_audit's evidence: every push of the campaign explained (issue 40).
         checked = audit(self.redis, self.keys, 0, slack_ms=5000, limit=10)
+        if not checked.noted:  # the check is not vacuous: every campaign pushes
+            found.append("relier_audit: the ledger noted none of the campaign's pushes")
         if checked.unexplained:
             found.append(f"relier_audit: {checked.unexplained} unexplained: "
                          f"{[u.to_json() for u in checked.unexplained_ids]}")  # fmt: skip
