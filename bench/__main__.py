@@ -6,6 +6,7 @@ import sys
 
 from bench import (
     admission,
+    audit_ledger,
     cluster_cost,
     delivery,
     dlq_pages,
@@ -45,6 +46,8 @@ BENCHMARKS = {
     # Issue 37's figures against Celery acks_late in one run (after worker_memory and
     # fleet, whose results it prints beside its own).
     "parity": (parity.main, []),
+    # The delivery ledger's Redis memory and command time per task (relier_audit).
+    "audit_ledger": (audit_ledger.main, []),
 }
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from kombu.connection import Connection
 from redis.cluster import RedisCluster
 
 from relier_django.core.model.config import Config, current
+from relier_django.core.observe.audit import Audit, audit
 from relier_django.core.store.keys import KeySpace
 from testproject.rabbitmq import RabbitServer
 
@@ -122,6 +123,8 @@ class Evidence:
     queued: dict[str, int] = field(default_factory=dict)
     # Workers declared dead by their connection whose process still lived at the drain.
     found_dead_alive: list[str] = field(default_factory=list)
+    # manage.py relier_audit's reading of the whole ledger after the drain (issue 40).
+    audit: Audit | None = None
 
     def executions_of(self, task_id: str, event: str | None = None) -> list[Execution]:
         return [
@@ -392,4 +395,12 @@ def collect(
             for e in events
             if e.kind == "found_dead" and e.fence is not None and _lives(e.fence)
         ],
+        audit=read_audit(client),
     )
+
+
+def read_audit(client) -> Audit:
+    """relier_audit over everything the run's ledger noted: after the drain, each push
+    is committed, dead-lettered or cancelled (in flight only within its bound)."""
+    cfg = current()
+    return audit(client, keys(), 0, int((cfg.scan_interval_s + 1.0) * 1000), limit=20)

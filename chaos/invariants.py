@@ -150,6 +150,16 @@ def check(ev: Evidence) -> list[Check]:
             f"{len(leaked)}" + (f": {_ids(leaked)}" if leaked else "") + f" (kept: {kept or '-'})",
         )
     )
+    if ev.audit is not None:
+        gone = [f"{u.task_id} ({u.why})" for u in ev.audit.unexplained_ids]
+        checks.append(
+            Check(
+                "relier_audit: unexplained = 0",
+                not ev.audit.unexplained,
+                f"{ev.audit.unexplained} of {ev.audit.noted} noted"
+                + (f": {_ids(gone)}" if gone else ""),
+            )
+        )
     busy = {k: n for k, n in {**ev.in_flight, **ev.queued}.items() if n}
     checks.append(
         Check(

@@ -32,6 +32,7 @@ from chaos.evidence import (
 from chaos.invariants import check, passed
 from chaos.report import Report
 from chaos.scenarios.common import stale_incarnation_checks
+from relier_django.core.observe.audit import Audit, Unexplained
 from testproject.harness import REPO_ROOT
 
 SHARED_INVARIANTS = [
@@ -209,6 +210,14 @@ def test_the_checker_reports_leaked_keys_and_work_left_in_flight():
         "leaked keys = 0 after the drain",
         "nothing in flight, queues empty",
     }
+
+
+def test_the_checker_reports_what_relier_audit_cannot_explain():
+    ev = clean_evidence()
+    ev.audit = Audit(0, 0, 1000, 3, {"committed": 2}, {}, {}, 1, [Unexplained("a", 0, "gone")])
+    assert failed_checks(ev) == {"relier_audit: unexplained = 0"}
+    ev.audit = Audit(0, 0, 1000, 3, {"committed": 2, "dead_lettered": 1}, {}, {}, 0)
+    assert passed(check(ev))
 
 
 def test_the_checker_reports_a_live_process_declared_dead():

@@ -27,6 +27,7 @@ from relier_django.core.model.config import current
 from relier_django.core.model.idem_key import derive_key
 from relier_django.core.model.rates import Rate
 from relier_django.core.observe import measurements
+from relier_django.core.observe.audit import audit
 from relier_django.core.push import admission
 from relier_django.core.store.connection import close_loop_clients, sync_client
 from relier_django.core.store.keys import KeySpace, partition_tags
@@ -93,6 +94,9 @@ def test_push_runs_and_commits_on_the_cluster(
     for part in space.parts():
         assert cluster_client.zcard(part.expiry) == 0
     assert_no_leaked_keys(cluster_client, space)
+    # The delivery ledger, noted in each partition's slot and read over the masters.
+    found = audit(cluster_client, space, 0, slack_ms=3000)
+    assert (found.noted, found.classes, found.unexplained) == (len(ids), {"committed": len(ids)}, 0)
 
 
 def test_an_idempotent_push_is_stored_once(

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from relier_django.core.dlq.entries import Summary
 from relier_django.core.model import config
+from relier_django.core.observe.audit import audit
 from relier_django.core.store import scripts
 from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
@@ -194,6 +195,13 @@ class Lab:
             assert_no_leaked_keys(self.redis, self.keys)
         except AssertionError as leaked:
             found.append(str(leaked))
+        # relier_audit's evidence: every push of the campaign explained (issue 40).
+        checked = audit(self.redis, self.keys, 0, slack_ms=5000, limit=10)
+        if not checked.noted:  # the check is not vacuous: every campaign pushes
+            found.append("relier_audit: the ledger noted none of the campaign's pushes")
+        if checked.unexplained:
+            found.append(f"relier_audit: {checked.unexplained} unexplained: "
+                         f"{[u.to_json() for u in checked.unexplained_ids]}")  # fmt: skip
         return found
 
     def _in_flight(self) -> list[str]:

@@ -759,6 +759,8 @@ def snapshot(client: redis.Redis) -> dict[str, Any]:
             value = client.zrange(key, 0, -1, withscores=True)
         elif kind == "set":
             value = sorted(client.smembers(key))
+        elif kind == "stream":  # the delivery ledger: one event per act, ids on the clock
+            value = [fields for _, fields in client.xrange(key)]
         else:
             value = kind
         state[str(_norm(key))] = (kind, _norm(value), client.pttl(key) > 0)

@@ -29,6 +29,10 @@ class Config:
     key_prefix: str = "rl"
     # How long a committed result (and an idempotent task's cached result) is kept.
     result_ttl_s: int = 24 * 3600
+    # The delivery ledger relier_audit reconciles: every stored task is noted for this
+    # long (about 40 bytes each in Redis). None: result_ttl_s, the most it may be (an
+    # outcome kept shorter than the ledger could not explain a task still noted); 0: off.
+    audit_horizon_s: int | None = None
     # Liveness of a running task: refreshed every heartbeat_interval_s, expires after ttl.
     heartbeat_ttl_s: float = 10.0
     heartbeat_interval_s: float | None = None
@@ -146,6 +150,15 @@ class Config:
         ):  # fmt: skip
             if getattr(self, name) < 0:
                 found.append((name, " must be >= 0"))
+        if self.audit_horizon_s is not None and not (
+            0 <= self.audit_horizon_s <= self.result_ttl_s
+        ):
+            found.append((
+                "audit_horizon_s",
+                f" ({self.audit_horizon_s}) must be >= 0 (0: no ledger) and at most "
+                f"result_ttl_s ({self.result_ttl_s}): the audit explains a finished task "
+                "by its outcome record, which is kept result_ttl_s",
+            ))  # fmt: skip
         if not 0 < self.slo_objective < 1:
             found.append(
                 ("slo_objective", f" must be > 0 and < 1, e.g. 0.999, not {self.slo_objective}")
@@ -251,6 +264,12 @@ class Config:
     def signer(self) -> signing.Signer | None:
         """Signs and verifies envelopes with ``signing_keys``; None when there are none."""
         return signing.signer(self.signing_keys, self.signing_accept_unsigned)
+
+    @property
+    def audit_horizon_ms(self) -> int:
+        """How long the delivery ledger keeps a task noted, ms; 0: no ledger."""
+        horizon = self.result_ttl_s if self.audit_horizon_s is None else self.audit_horizon_s
+        return int(horizon * 1000)
 
     @property
     def heartbeat_every_s(self) -> float:

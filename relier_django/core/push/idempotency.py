@@ -73,7 +73,7 @@ def store(
         [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms, max_resurrections,
          *admission_args(admission), payload, token or uuid.uuid4().hex,
          *when.script_args(), gate.script_arg() if gate is not None else "",
-         debounce[1] if debounce else ""],
+         debounce[1] if debounce else "", keys.ledger_ms],
         _parse_store,
     )  # fmt: skip
 

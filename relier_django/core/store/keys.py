@@ -49,6 +49,7 @@ exactly the unpartitioned one: ``<p>`` is the prefix.
 | ``<p>:workers``             | zset   | worker main process id -> liveness deadline (ms)        |
 | ``<p>:holders``             | set    | ids of processes holding a liveness connection          |
 | ``<p>:layout``              | string | '<partitions>:tagged|plain', by the first worker; no TTL |
+| ``<p>:ledger``              | stream | the delivery ledger (relier_audit): trimmed, TTL horizon |
 """
 
 from __future__ import annotations
@@ -96,13 +97,19 @@ class KeySpace:
     # None: the whole store.
     partition: int | None = None
     base: str = ""  # the configured prefix, without any tag ('' means prefix)
+    # How long the delivery ledger keeps a stored task noted (ms); 0: push.lua and
+    # commit.lua note nothing (AUDIT_HORIZON_S = 0).
+    ledger_ms: int = 0
 
     @classmethod
     def of(cls, config: Config) -> KeySpace:
         """The key space a configuration names (its prefix, metrics on or off, its
         partitions)."""
         tagged = config.partitions > 1 or config.cluster
-        return cls(config.key_prefix, config.metrics, config.partitions, tagged)
+        return cls(
+            config.key_prefix, config.metrics, config.partitions, tagged,
+            ledger_ms=config.audit_horizon_ms,
+        )  # fmt: skip
 
     # -- partitions ----------------------------------------------------------------
     @property
@@ -121,8 +128,9 @@ class KeySpace:
             return self
         tag = partition_tags(self.partitions)[partition]
         return KeySpace(
-            f"{self.root}:{{{tag}}}", self.metrics, self.partitions, True, partition, self.root
-        )
+            f"{self.root}:{{{tag}}}", self.metrics, self.partitions, True, partition, self.root,
+            self.ledger_ms,
+        )  # fmt: skip
 
     def of_task(self, task_id: str) -> KeySpace:
         """The key space of the partition ``task_id`` lives in."""
@@ -160,7 +168,10 @@ class KeySpace:
         worker presence, the workflows index): one slot in a cluster."""
         if not self.tagged:
             return self
-        return KeySpace(f"{self.root}:{{g}}", self.metrics, self.partitions, True, -1, self.root)
+        return KeySpace(
+            f"{self.root}:{{g}}", self.metrics, self.partitions, True, -1, self.root,
+            self.ledger_ms,
+        )  # fmt: skip
 
     def _whole(self, name: str) -> KeySpace:
         # A per-partition index asked of the whole store: which partition is meant?
@@ -339,6 +350,12 @@ class KeySpace:
         return f"{self.prefix}:lim:*"
 
     @property
+    def ledger(self) -> str:
+        # One stream per partition; the scripts name it from the expiry index's key
+        # (_ledger.lua), so the two must stay side by side.
+        return f"{self._whole('ledger').prefix}:ledger"
+
+    @property
     def metrics_counters(self) -> str:
         return f"{self._whole('metrics_counters').prefix}:m"
 
@@ -391,6 +408,7 @@ class KeySpace:
             self._pattern("lim:*:tat"),  # a rate's next emission time (_limits.lua)
             self._pattern("lim_rates"),  # expires with the last reservation
             self._pattern("db:*"),  # a debounce record left by a cancel (push.lua)
+            self._pattern("ledger"),  # the delivery ledger: TTL one horizon (_ledger.lua)
         )
 
     def owned_patterns(self) -> tuple[str, ...]:

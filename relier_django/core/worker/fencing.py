@@ -165,10 +165,10 @@ def commit(
              successor.max_resurrections, message.payload if message else ""]  # fmt: skip
     if successor.chord is not None:
         args += [successor.index, successor.result, chords.KEEP_MS]
-    if successor.gate:
+    if successor.gate or keys.ledger_ms:
         if successor.chord is None:
             args += ["", "", ""]  # ARGV[12..14] are a chord member's
-        args.append(successor.gate)
+        args += [successor.gate or "", 0, keys.ledger_ms]  # ARGV[15..17]: no callbacks
     return scripts.ScriptCall(
         scripts.COMMIT,
         keys.for_commit(
@@ -199,6 +199,7 @@ def _commit_linked(
     args.append(len(links))
     for link in links:
         args += link.script_args()
+    args.append(keys.ledger_ms)
     return scripts.ScriptCall(
         scripts.COMMIT,
         keys.for_commit(

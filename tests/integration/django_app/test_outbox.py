@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from relier_django.core.model import config
 from relier_django.core.model.envelope import Envelope, decode
+from relier_django.core.observe.audit import audit
 from relier_django.core.store.keys import KeySpace
 from relier_django.core.store.receipt import DispatchState
 from relier_django.db.outbox import OutboxUnavailable, Relay, RelayReport, backlog, databases
@@ -185,6 +186,9 @@ def test_redis_down_at_commit_leaves_the_push_to_the_relay_which_sends_it_once(
         assert receipt.get(timeout=30)["runs"] == 1  # get() waits through the relay
         time.sleep(1.0)
         assert client.llen(f"demo:exec:down-{alias}") == 1
+        # The relay's push is in the delivery ledger, and relier_audit explains it.
+        found = audit(client, KEYS, 0, slack_ms=3000)
+        assert (found.noted, found.classes, found.unexplained) == (1, {"committed": 1}, 0)
     finally:
         worker.stop()
 

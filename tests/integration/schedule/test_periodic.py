@@ -22,6 +22,7 @@ from django.core.checks import Warning as CheckWarning
 
 from relier_django.checks import tasks as checks
 from relier_django.core.model import config
+from relier_django.core.observe.audit import audit
 from relier_django.core.schedule import periodic
 from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
@@ -154,6 +155,10 @@ def test_three_scanners_firing_at_once_push_every_tick_exactly_once(
     assert _pushed(redis_client) == len(ticks) == 10
     assert int(redis_client.hget(KEYS.periodic, ENTRY)) == ticks[-1]
     assert not redis_client.hgetall(KEYS.periodic_claims)
+    # Each tick in the delivery ledger once, however many scanners fired it (relier_audit).
+    assert redis_client.xlen(KEYS.ledger) == 10
+    found = audit(redis_client, KEYS, 0, slack_ms=3000)
+    assert (found.in_flight_by_state, found.unexplained) == ({"queued": 10}, 0)
 
 
 def _run_dying_scanner(redis_url: str, mode: str) -> int:

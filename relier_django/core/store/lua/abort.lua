@@ -14,13 +14,16 @@
 --            after a lost reply finds the task gone and answers the same)
 --          0 kept: the task has moved on (started, superseded) or another push of the
 --            identical envelope still counts on it; nothing else touched
+-- An undone store also takes back its note in the audit ledger (_ledger.lua): the push
+-- raised, so relier_audit has nothing to explain.
 -- Counts: an undone store takes back its 'pushed' (once: a replay finds the task gone).
 -- @include _metrics
+-- @include _ledger
 local id = ARGV[1]
 if redis.call('HDEL', KEYS[1], 'push:' .. ARGV[2]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'pushers', -1)
 end
-local f = redis.call('HMGET', KEYS[1], 'state', 'fence', 'pushers')
+local f = redis.call('HMGET', KEYS[1], 'state', 'fence', 'pushers', 'created_ms')
 if not f[1] then
   return 1
 end
@@ -33,4 +36,5 @@ if KEYS[6] and redis.call('GET', KEYS[6]) == id then
   redis.call('DEL', KEYS[6])
 end
 metric_count(KEYS[4], 'pushed', -1)
+ledger_forget(KEYS[3], f[4], id)  -- nothing was pushed: the audit ledger's note goes too
 return 1

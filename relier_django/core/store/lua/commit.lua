@@ -56,6 +56,9 @@
 -- KEYS[14+2i], KEYS[15+2i] callback i's task hash and result key
 -- Each callback is created once, as _links.lua says (stored due now for the scanner
 -- leader's dispatch), by the call that commits; a replay creates nothing more.
+-- ARGV[17+6n] the audit ledger's horizon, ms ('' or absent: off; with it, ARGV[5..16]
+--          are all given, '' or 0 when unused): a successor created is noted in the
+--          ledger (_ledger.lua)
 -- A gated task's slot is freed and handed to the next parked task (_limits.lua, G14).
 -- Counts: 'committed' and the minute's and hour's 'ok' once per task; 'stale' per refused
 -- call (a zombie's commit; a client retry of a refused call counts again).
@@ -63,6 +66,7 @@
 -- @include _clock
 -- @include _limits
 -- @include _links
+-- @include _ledger
 local id = ARGV[1]
 local chord_key = (KEYS[13] and KEYS[13] ~= '') and KEYS[13] or nil
 local first_next = (ARGV[5] and ARGV[5] ~= '') and ARGV[5] or nil
@@ -144,6 +148,7 @@ if next_id and redis.call('EXISTS', KEYS[9]) == 0 and redis.call('EXISTS', KEYS[
     end
   end
   metric_count(KEYS[5], 'pushed')
+  ledger_note(KEYS[3], ARGV[17 + 6 * (tonumber(ARGV[16] or '0') or 0)], now_ms, next_id)
   created = 1
 end
 local links = tonumber(ARGV[16] or '0') or 0

@@ -48,6 +48,8 @@
 --             push that is not debounced. Given, KEYS[#KEYS] is the debounce record
 --             <p>:db:<task>:<sha256 of the key> (after any queue list; a debounced push
 --             is due later, so it has none): see the debounce block below.
+-- ARGV[16+2n] the audit ledger's horizon, ms ('', absent or 0: off): a task stored is
+--             noted in its partition's ledger (_ledger.lua), for relier_audit
 -- A task due later than now is stored 'scheduled' in the schedule index instead of the
 -- expiry index, and not queued (the message, if given, is not pushed): the scanner
 -- leader dispatches it when due (G11). The earliest due time wakes the leader.
@@ -71,6 +73,7 @@
 -- @include _metrics
 -- @include _clock
 -- @include _limits
+-- @include _ledger
 local id = ARGV[1]
 local n = tonumber(ARGV[7] or '0')
 local message = ARGV[8 + 2 * n]
@@ -177,6 +180,7 @@ if record then
   redis.call('HSET', KEYS[1], 'db', record)
 end
 -- <<< debounce (3/3) -------------------------------------------------------------------
+ledger_note(KEYS[3], ARGV[16 + 2 * n], now_ms, id)
 if gate ~= '' then
   local scope, key, capacity = limit_store_gate(KEYS[1], gate)
   -- Due at once: its slot now, or its place in its key's line, in push order (one due
