@@ -417,7 +417,7 @@ def push(
         if on_commit and (deferred := p.defer(app, using)) is not None:
             return deferred
         try:
-            return p.send_now(app, sync_client(p.cfg))
+            return p.send_now(app, sync_client(p.cfg, wait_s=p.cfg.push_wait_s))
         except UNREACHABLE as exc:
             raise _failed(p, exc) from exc
 
@@ -454,7 +454,7 @@ async def apush(
         if on_commit and (deferred := p.defer(app, using)) is not None:
             return deferred
         try:
-            return await p.asend_now(app, async_client(p.cfg))
+            return await p.asend_now(app, async_client(p.cfg, wait_s=p.cfg.push_wait_s))
         except UNREACHABLE as exc:
             raise _failed(p, exc) from exc
 
