@@ -289,10 +289,10 @@ def _adopt_and_run(
 ) -> Ended:
     """A plain message stored as a task under its Celery id (or found stored by its
     adoption at receipt, or by an earlier delivery), then run as a pushed one."""
-    call = adoption.adopt(runner.config, self.relier_spec, self.request.id, args, kwargs,
-                          runner.queue, runner.worker)  # fmt: skip
+    spec = self.relier_spec
+    env = adoption.envelope_of(spec, self.request.id, args, kwargs, runner.queue)
     liveness.hold(runner.config, runner.worker)  # what it holds dies with its connection
-    found = call.run(sync_client(runner.config))
+    found = adoption.adopt(runner.config, spec, env, runner.worker).run(sync_client(runner.config))
     if not found.encoded:
         return Ended(Ending.REFUSED, self.request.id, detail=f"not adopted: {found.refusal}")
     return _run(self, runner, found.encoded)

@@ -56,7 +56,7 @@ from relier_django.core.store import checkpoint, chords, scripts
 from relier_django.core.store import progress as store_progress
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
-from relier_django.core.worker import fencing, intake
+from relier_django.core.worker import adoption, fencing, intake
 from relier_django.core.worker.reservations import Reservations
 from testproject.celery import app
 from testproject.demo import tasks
@@ -522,6 +522,26 @@ def restore_inflight(cfg: config.Config, client: redis.Redis) -> Any:
     return call.run(client)
 
 
+@functools.cache
+def _the_adopted() -> Any:
+    # A plain Celery message's first incarnation, the same bytes in both runs.
+    env = adoption.envelope_of(tasks.sync_record.relier_spec, TASK_ID, ("x",), {}, "celery")
+    return dataclasses.replace(env, created_ms=1)
+
+
+def adopt(cfg: config.Config, client: redis.Redis) -> Any:
+    spec = tasks.sync_record.relier_spec
+    return adoption.adopt(cfg, spec, _the_adopted(), "w1@host:1", token="adopt-1").run(client)
+
+
+def adopt_redelivered(cfg: config.Config, client: redis.Redis) -> Any:
+    # The same message adopted before (at receipt, or by another worker): answered
+    # with the stored envelope, nothing written.
+    spec = tasks.sync_record.relier_spec
+    assert adoption.adopt(cfg, spec, _the_adopted(), "w1@host:1", token="first").run(client).new
+    return adoption.adopt(cfg, spec, _the_adopted(), "w2@host:2", token="again").run(client)
+
+
 def admit(cfg: config.Config, client: redis.Redis) -> Any:
     found = admission.limits(_keys(cfg), cfg, "t", Rate.parse("5/m"))
     return asyncio.run(admission.acheck(found, cfg))
@@ -566,6 +586,7 @@ CASES: dict[str, Case] = {
     "restore_inflight": Case(restore_inflight),
     "admit": Case(admit, replayed=False),
     "ratelimit": Case(ratelimit_, replayed=False),
+    "adopt": Case(adopt),
 }
 
 
@@ -584,6 +605,7 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "commit+gated_successor": ("commit", Case(commit_gated_successor)),
     "dead_letter+hands_over": ("dead_letter", Case(dead_letter_hands_over)),
     "cancel+parked": ("cancel", Case(cancel_parked)),
+    "adopt+redelivered": ("adopt", Case(adopt_redelivered)),
 }
 # Flow control runs on an unpartitioned store only (model/limits.py refuses it at push).
 _UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_take+parks",
@@ -692,6 +714,7 @@ def _run_once(
     direct: redis.Redis,
     lose: bool,
     partitions: int = 1,
+    setup_runs: int = 0,
 ) -> tuple[Any, dict[str, Any], int]:
     direct.flushall()
     script = getattr(scripts, name.upper())
@@ -702,7 +725,7 @@ def _run_once(
         if lose:
             # Armed for the scenario's own call: set-up calls of this same script, if
             # any, come first, so count them out by arming the nth run from here.
-            proxy.drop_reply(script.sha, nth=_setup_runs(name) + 1)
+            proxy.drop_reply(script.sha, nth=setup_runs + 1)
         answer = _outcome(case, cfg, client)
         runs = proxy.calls(script.sha) - before
     return answer, snapshot(direct), runs
@@ -710,7 +733,7 @@ def _run_once(
 
 def _setup_runs(name: str) -> int:
     # Scenarios whose set-up runs the script under test before the call it is about.
-    return {"resurrected": 0}.get(name, 0)
+    return {"resurrected": 0, "adopt+redelivered": 1}.get(name, 0)
 
 
 def test_every_script_has_a_replay_scenario() -> None:
@@ -741,8 +764,9 @@ def test_a_lost_reply_is_answered_as_the_first_call_and_changes_nothing_more(
     name: str, partitions: int, lost_reply: LostReplyProxy, redis_client: redis.Redis
 ) -> None:
     script, case = VARIANTS.get(name) or (name, CASES[name])
-    plain = _run_once(script, case, lost_reply, redis_client, lose=False, partitions=partitions)
-    lost = _run_once(script, case, lost_reply, redis_client, lose=True, partitions=partitions)
+    setup = _setup_runs(name)
+    plain = _run_once(script, case, lost_reply, redis_client, False, partitions, setup)
+    lost = _run_once(script, case, lost_reply, redis_client, True, partitions, setup)
     (plain_answer, plain_state, plain_runs), (lost_answer, lost_state, lost_runs) = plain, lost
     assert lost_reply.dropped == 1, "the fault never fired: the scenario did not call the script"
     if case.replayed:

@@ -32,6 +32,7 @@ dead-lettered (``malformed_message``, ``payload_integrity``), never adopted.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,21 +87,16 @@ def envelope_of(
 
 
 def adopt(
-    config: Config,
-    spec: TaskSpec,
-    task_id: str,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    queue: str,
-    worker: str,
+    config: Config, spec: TaskSpec, env: Envelope, worker: str, token: str | None = None
 ) -> scripts.ScriptCall[Adopted]:
-    """adopt.lua for one plain message: store it as a task held by ``worker``, or
-    answer the envelope stored by an earlier adoption (safe to run again: G10)."""
-    env = envelope_of(spec, task_id, args, kwargs, queue)
+    """adopt.lua for one plain message's first incarnation (:func:`envelope_of`):
+    store it as a task held by ``worker``, or answer the envelope stored by an earlier
+    adoption. The call carries a fresh token (or ``token``), so running this same call
+    again (a retry after a lost reply) is answered as the adoption it made (G10)."""
     limit = spec.max_resurrections
     limit = config.max_resurrections if limit is None else limit
     ttl_ms = int(config.heartbeat_ttl_s * 1000)
-    tail = history_tail("adopted", fence=1, worker=worker)
-    argv: list[scripts.Arg] = [task_id, env.encode(config.signer), spec.name, queue, worker,
-                               ttl_ms, limit, tail]  # fmt: skip
-    return scripts.ScriptCall(scripts.ADOPT, KeySpace.of(config).for_adopt(task_id), argv, _parse)
+    tail = history_tail("adopted", fence=env.fence, worker=worker)
+    argv: list[scripts.Arg] = [env.id, env.encode(config.signer), env.task, env.queue, worker,
+                               ttl_ms, limit, tail, token or uuid.uuid4().hex]  # fmt: skip
+    return scripts.ScriptCall(scripts.ADOPT, KeySpace.of(config).for_adopt(env.id), argv, _parse)

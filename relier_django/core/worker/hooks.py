@@ -242,8 +242,8 @@ def _adopted(request: Any) -> int | None:
     queue = (getattr(request, "delivery_info", None) or {}).get("routing_key") or ""
     try:
         liveness.hold(cfg, worker)  # what it holds dies with its connection
-        adopted = adoption.adopt(cfg, spec, request.id, args, kwargs, queue, worker)
-        found = adopted.run(sync_client(cfg))
+        env = adoption.envelope_of(spec, request.id, args, kwargs, queue)
+        found = adoption.adopt(cfg, spec, env, worker).run(sync_client(cfg))
     except Exception:
         logger.warning("could not adopt task_id=%s at receipt", request.id, exc_info=True)
         return None

@@ -23,6 +23,8 @@
 -- ARGV[7]  max resurrections for this task
 -- ARGV[8]  history event: a JSON object without its opening brace; the script
 --          prefixes {"at_ms":<server time>,
+-- ARGV[9]  adoption token: unique per adopt call, the same in a replay of that call
+--          (a client retry after a lost reply), which is then answered {1, envelope}
 -- RETURNS  {1, envelope}       adopted now: stored, fence 1, 'queued', held by ARGV[5]
 --          {0, envelope, state} adopted before (this message delivered again, or this
 --                              call replayed after a lost reply): the stored envelope
@@ -31,13 +33,17 @@
 --          {-2, ''}           a DLQ entry holds this id: nothing adopted, nothing run
 --          {-4, ''}           it finished and its outcome is still kept: a redelivery
 --                              of a finished message runs nothing
--- A replay after a lost reply answers {0, envelope, 'queued'}: the same envelope, and
--- start.lua runs it once. Counts 'pushed' once per adoption (not on a redelivery).
+-- A replay after a lost reply is answered as the call it replays (its token is the
+-- one stored): the same answer, nothing written twice. Counts 'pushed' once per
+-- adoption (not on a redelivery, not on a replay).
 -- @include _metrics
 -- @include _clock
 local id = ARGV[1]
-local existing = redis.call('HMGET', KEYS[1], 'env', 'state')
+local existing = redis.call('HMGET', KEYS[1], 'env', 'state', 'adopt')
 if existing[1] then
+  if existing[3] == ARGV[9] then
+    return {1, existing[1]}
+  end
   return {0, existing[1], existing[2] or ''}
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then
@@ -50,7 +56,7 @@ local now_ms, now_text = clock()
 redis.call('HSET', KEYS[1],
   'env', ARGV[2], 'fence', '1', 'state', 'queued', 'attempt', '1', 'res', '0',
   'name', ARGV[3], 'queue', ARGV[4], 'idem', '', 'created_ms', now_text,
-  'maxres', ARGV[7], 'pushers', '1', 'worker', ARGV[5])
+  'maxres', ARGV[7], 'pushers', '1', 'worker', ARGV[5], 'adopt', ARGV[9])
 redis.call('ZADD', KEYS[3], ms(now_ms + tonumber(ARGV[6])), id)
 redis.call('RPUSH', KEYS[2], '{"at_ms":' .. now_text .. ',' .. ARGV[8])
 metric_count(KEYS[6], 'pushed')
