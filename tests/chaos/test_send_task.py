@@ -96,3 +96,16 @@ def test_an_adopted_task_survives_the_sigkill_of_its_worker(worker_factory, clie
     assert result["fence"] >= 2 and result["runs"] == 1  # the resurrected incarnation
     assert [entry.split(":")[0] for entry in executions(client, "killed")] == [str(result["fence"])]
     assert client.zcard(KEYS.dlq) == 0
+
+
+def test_arguments_that_do_not_fit_the_signature_land_in_the_dlq(worker_factory, client):
+    from relier_django import TaskFailed
+    from relier_django.core.dlq.store import DeadLetterStore
+
+    worker_factory()
+    sent = app.send_task("demo.sync_record", args=[], kwargs={"colour": "red"})
+    with pytest.raises(TaskFailed):
+        relier_django.result(sent.id).get(timeout=60)
+    entry = DeadLetterStore(client, KEYS).get(sent.id)
+    assert entry is not None and entry.reason == "schema_migration"  # the arguments do not fit
+    assert "do not fit demo.sync_record(label" in entry.data["exc_message"]
