@@ -109,3 +109,25 @@ def test_arguments_that_do_not_fit_the_signature_land_in_the_dlq(worker_factory,
     entry = DeadLetterStore(client, KEYS).get(sent.id)
     assert entry is not None and entry.reason == "schema_migration"  # the arguments do not fit
     assert "do not fit demo.sync_record(label" in entry.data["exc_message"]
+
+
+def test_a_message_adopted_at_receipt_and_never_started_survives_a_sigkill(
+    worker_factory, client
+):
+    # One pool process, busy: the second message waits in the main process, adopted
+    # at receipt (before Celery acks it to a pool process), held by the main process.
+    first = worker_factory(name="first", concurrency=1)
+    busy = app.send_task("demo.sync_record", args=["busy"], kwargs={"sleep_s": 4.0})
+    waiting = app.send_task("demo.sync_record", args=["waiting"])
+    wait_until(lambda: client.hget(KEYS.task(busy.id), "state") == "running", 30,
+               what="the first task to run")  # fmt: skip
+    holder = wait_until(lambda: client.hget(KEYS.task(waiting.id), "worker"), 30,
+                        what="the waiting message to be adopted")  # fmt: skip
+    assert holder == f"{first.hostname}:{first.pid}"  # the main process holds it
+    assert client.hget(KEYS.task(waiting.id), "state") == "queued"  # not started
+    first.kill()
+    worker_factory(name="second")
+    for sent, label in ((busy, "busy"), (waiting, "waiting")):
+        assert relier_django.result(sent.id).get(timeout=90)["runs"] == 1
+        assert len(executions(client, label)) == 1
+    assert client.zcard(KEYS.dlq) == 0
