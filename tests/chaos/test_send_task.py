@@ -111,9 +111,7 @@ def test_arguments_that_do_not_fit_the_signature_land_in_the_dlq(worker_factory,
     assert "do not fit demo.sync_record(label" in entry.data["exc_message"]
 
 
-def test_a_message_adopted_at_receipt_and_never_started_survives_a_sigkill(
-    worker_factory, client
-):
+def test_a_message_adopted_at_receipt_and_never_started_survives_a_sigkill(worker_factory, client):
     # One pool process, busy: the second message waits in the main process, adopted
     # at receipt (before Celery acks it to a pool process), held by the main process.
     first = worker_factory(name="first", concurrency=1)
