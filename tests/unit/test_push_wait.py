@@ -112,3 +112,19 @@ def test_a_success_after_refusals_returns_its_value():
         BoundedRetry(1.0, clock=t.clock, sleep=t.sleep).call_with_retry(flaky, lambda error: None)
         == "PONG"
     )
+
+
+def test_a_push_waits_push_wait_s_unless_a_running_task_makes_it():
+    from celery._state import _task_stack
+
+    from relier_django.core.model.config import Config
+    from relier_django.core.push import producer
+    from testproject.demo import tasks
+
+    cfg = Config(push_wait_s=0.25)
+    assert producer.waits_for(cfg) == 0.25  # a request, a script: bounded
+    _task_stack.push(tasks.sync_record)  # as Celery does around a running task's body
+    try:
+        assert producer.waits_for(cfg) is None  # the workers' REDIS_RETRY_S policy
+    finally:
+        _task_stack.pop()
