@@ -10,7 +10,7 @@ CHAOS_ARGS ?=
 
 export VENV MIN_PY DJANGO_SPEC
 
-.PHONY: setup test lint unit integration chaos browser cluster demo bench tox clean
+.PHONY: setup test lint unit integration tooling chaos browser cluster demo bench tox clean
 
 setup:
 	@./scripts/bootstrap.sh
@@ -36,6 +36,11 @@ unit: setup
 
 integration: setup
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+# The tests of the test tooling (tests/tooling/): the private servers, the workers and
+# the lost-reply proxy the other tiers stand on. `make test` runs them too.
+tooling: setup
+	$(PY) -m pytest -m tooling $(PYTEST_ARGS)
 
 # The chaos tier (each runner scenario small, among the rest; the fenced inbox's kills
 # and zombies over 500 tasks; every cell of the composition matrix, where CI runs a

@@ -26,6 +26,7 @@ from .core.model.errors import (
     TaskCancelled,
     TaskFailed,
     TaskLost,
+    TaskSuperseded,
 )
 from .core.store import cancel as _cancel
 from .core.store import workflows as _workflows
@@ -56,6 +57,7 @@ __all__ = [
     "TaskContext",
     "TaskFailed",
     "TaskLost",
+    "TaskSuperseded",
     "WorkflowView",
     "acancel",
     "aresult",

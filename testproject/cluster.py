@@ -80,6 +80,26 @@ def parse_cluster_nodes(text: str) -> dict[str, ClusterNodeState]:
     return {node.node_id: node for node in nodes}
 
 
+@dataclass
+class ClusterNodeServer(RedisServer):
+    """A ``RedisServer`` with cluster mode on, its ``nodes.conf`` in its directory (so a
+    restarted node rejoins with its identity), failed after ``node_timeout_ms`` of
+    silence. Started, waited for and stopped as every private server is."""
+
+    node_timeout_ms: int = 1000
+
+    def args(self) -> list[str]:
+        return [
+            *super().args(),
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", str(self.directory / "nodes.conf"),
+            "--cluster-node-timeout", str(self.node_timeout_ms),
+            # A master holds a full sync 5 s by default, waiting for more replicas to
+            # share the transfer: every start and every rejoin would pay it.
+            "--repl-diskless-sync-delay", "0",
+        ]  # fmt: skip
+
+
 class ClusterGroup:
     """A private Redis Cluster: `masters` masters, each with `replicas` replicas (by
     default one each; none for a single master, the only count below 3 it builds).
@@ -123,20 +143,13 @@ class ClusterGroup:
     def start(self) -> ClusterGroup:
         for i in range(self.master_count * (1 + self.replica_count)):
             directory = self.directory / f"node-{i}"
-            node = RedisServer(
+            node = ClusterNodeServer(
                 directory=directory,
                 # Each node listens before the next port is drawn: no two draw the same.
                 port=free_cluster_port(),
                 password=self.password,
-                extra_args=(
-                    "--cluster-enabled", "yes",
-                    "--cluster-config-file", str(directory / "nodes.conf"),
-                    "--cluster-node-timeout", str(self.node_timeout_ms),
-                    # A master holds a full sync 5 s by default, waiting for more replicas
-                    # to share the transfer: every start and every rejoin would pay it.
-                    "--repl-diskless-sync-delay", "0",
-                ),
-            )  # fmt: skip
+                node_timeout_ms=self.node_timeout_ms,
+            )
             # Recorded before it runs, so stop() reaches it even if a later step fails.
             self.nodes.append(node)
             node.start()
@@ -201,7 +214,7 @@ class ClusterGroup:
 
     @staticmethod
     def alive(node: RedisServer) -> bool:
-        return node.process is not None and node.process.poll() is None
+        return node.alive()
 
     def live_nodes(self) -> list[RedisServer]:
         return [node for node in self.nodes if self.alive(node)]

@@ -19,20 +19,16 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 import psutil
 import redis
 
+# free_port and stop_process live in servers.py; the suite imports them from here too.
+from testproject.servers import PrivateServer, free_port, stop_process
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # A Redis Cluster node listens on its port and, for the cluster bus, on port + 10000;
@@ -103,29 +99,20 @@ def make_tls_files(directory: Path) -> TlsFiles:
     return files
 
 
-def stop_process(process: subprocess.Popen[bytes] | None) -> None:
-    """SIGTERM a server this harness started, SIGKILL it if it lingers, reap it."""
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
-    if process.stderr:
-        process.stderr.close()
-
-
 @dataclass
-class RedisServer:
+class RedisServer(PrivateServer):
     """A private ``redis-server``: AOF on (everysec), ``noeviction``, no RDB snapshots.
 
     ``restart()`` kills it with SIGKILL and starts it again on the same port and
     directory, so it reloads from its append-only file as a crashed server would.
     With ``password`` it requires AUTH; with ``tls`` it listens on TLS only (``port``
-    is then its TLS port, and ``url`` a ``rediss://`` URL trusting ``tls.ca``).
+    is then its TLS port, and ``url`` a ``rediss://`` URL trusting ``tls.ca``). Its
+    directory is kept after ``stop()``: a restart reloads it. The Redis Cluster's
+    nodes (testproject/cluster.py) are these servers too.
     """
+
+    program: ClassVar[str] = "redis-server"
+    log_name: ClassVar[str] = "redis.log"
 
     directory: Path
     port: int = field(default_factory=free_port)
@@ -140,11 +127,6 @@ class RedisServer:
         if self.tls is None:
             return f"redis://{auth}127.0.0.1:{self.port}/0"
         return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={quote(str(self.tls.ca))}"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None, "redis-server is not running"
-        return self.process.pid
 
     def args(self) -> list[str]:
         binary = shutil.which("redis-server")
@@ -181,16 +163,18 @@ class RedisServer:
         self.process = subprocess.Popen(
             self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
-        wait_until(self._ready, 15, what=f"redis-server on port {self.port}")
+        self._wait_ready(15)
         return self
 
-    def _ready(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            err = self.process.stderr.read().decode() if self.process.stderr else ""
-            log = self.directory / "redis.log"
-            tail = log.read_text()[-2000:] if log.exists() else ""
-            raise RuntimeError(f"redis-server exited with {self.process.returncode}: {err}{tail}")
+    def log_tail(self, chars: int = 2000) -> str:
+        # A bad argument is refused on stderr, before the log file is opened.
+        process = self.process
+        err = b""
+        if process is not None and process.poll() is not None and process.stderr:
+            err = process.stderr.read()
+        return err.decode(errors="replace") + super().log_tail(chars)
+
+    def _answers(self) -> bool:
         try:
             client = self.client()
             ok = bool(client.ping()) and client.info("persistence").get("loading") == 0
@@ -225,7 +209,15 @@ class RedisServer:
         self.start()
 
     def stop(self) -> None:
-        stop_process(self.process)
+        stop_process(self.process)  # the directory stays: it is the caller's
+
+
+# relier's clients retry a connection error for REDIS_RETRY_S (3.75 s, up to twice that)
+# before they raise. A test of what an unreachable Redis is answered with (a page, a
+# command, a push, a worker's start) gives this to the process under test, so that it
+# answers at the first refusal instead of waiting the budget out at every call; the
+# tests of the budget itself (riding out a restart, giving up only after it) do not.
+QUICK_REDIS_RETRY_ENV: dict[str, str] = {"RELIER_REDIS_RETRY_S": "0"}
 
 
 def worker_env(redis_url: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -22,19 +22,14 @@ import signal
 import stat
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self, TypeVar
+from typing import IO, Any, ClassVar, Self
 
 import psutil
 import psycopg
 
-from testproject.harness import free_port
-
-T = TypeVar("T")
+from testproject.servers import PrivateServer, free_port
 
 SYSTEM_USER = "relier-pg"
 SUPERUSER = "postgres"  # the cluster's superuser role (initdb -U), not an OS account
@@ -126,20 +121,8 @@ def _traversable(path: Path, account: Account) -> bool:
     return True
 
 
-def _poll(predicate: Callable[[], T | None], timeout_s: float, what: str) -> T:
-    # harness.wait_until, typed: the first value that is not None, else TimeoutError.
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for {what}")
-        time.sleep(0.05)
-
-
 @dataclass
-class PostgresServer:
+class PostgresServer(PrivateServer):
     """A private ``postgres``: a new cluster (trust auth, superuser ``postgres``, UTF8,
     C locale) on a free port of 127.0.0.1, fsync off.
 
@@ -151,6 +134,10 @@ class PostgresServer:
     and ``stop()``. ``url`` names its ``postgres`` database; pytest-django creates and
     drops ``test_postgres`` beside it.
     """
+
+    program: ClassVar[str] = "postgres"
+    error: ClassVar[type[Exception]] = PostgresError
+    log_name: ClassVar[str] = "postgres.log"
 
     directory: Path | None = None
     port: int = field(default_factory=free_port)
@@ -165,25 +152,10 @@ class PostgresServer:
         return f"postgres://{SUPERUSER}@127.0.0.1:{self.port}/postgres"
 
     @property
-    def pid(self) -> int:
-        if self.process is None:
-            raise PostgresError("postgres was never started")
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    @property
     def data_dir(self) -> Path:
         if self.directory is None:
             raise PostgresError("postgres has no directory before start()")
         return self.directory / "data"
-
-    @property
-    def log_path(self) -> Path:
-        if self.directory is None:
-            raise PostgresError("postgres has no directory before start()")
-        return self.directory / "postgres.log"
 
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         """A new psycopg connection to this server's ``postgres`` database, over TCP."""
@@ -205,17 +177,16 @@ class PostgresServer:
         self._make_directory()
         try:
             self._initdb(bindir)
-            self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the server
             self.process = subprocess.Popen(
                 self._server_args(bindir),
                 cwd=self.directory,
                 stdin=subprocess.DEVNULL,
-                stdout=self._log,  # a file, not a pipe: a full pipe would stall the server
+                stdout=self._open_log(),
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C meant for pytest is not a fast shutdown
                 **self._as_account(),
             )
-            _poll(self._ready, timeout_s, f"postgres on port {self.port}")
+            self._wait_ready(timeout_s)
         except BaseException:
             self.stop()
             raise
@@ -232,8 +203,7 @@ class PostgresServer:
             base = Path(tempfile.gettempdir())
             if self.account is not None and not _traversable(base, self.account):
                 base = Path("/tmp")  # e.g. a CI's TMPDIR made by `mktemp -d`, mode 0700
-            self.directory = Path(tempfile.mkdtemp(prefix="relier-postgres-", dir=base))
-            self._own_directory = True
+            self._make_temp_directory(base)
         (self.directory / "socket").mkdir(parents=True, exist_ok=True)
         if self.account is not None:
             for path in (self.directory, self.directory / "socket"):
@@ -271,21 +241,12 @@ class PostgresServer:
             "-c", "fsync=off",
         ]  # fmt: skip
 
-    def _ready(self) -> bool | None:
-        self._check_alive()
+    def _answers(self) -> bool:
         try:
             self.connect(connect_timeout=2).close()
         except psycopg.OperationalError:
-            return None  # not listening yet, or "the database system is starting up"
+            return False  # not listening yet, or "the database system is starting up"
         return True
-
-    def _check_alive(self) -> None:
-        if self.process is None:
-            raise PostgresError("postgres was never started")
-        if self.process.poll() is not None:
-            log = self.log_path
-            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-            raise PostgresError(f"postgres exited with {self.process.returncode}:\n{tail}")
 
     def stop(self, timeout_s: float = 10) -> None:
         """Fast shutdown (SIGINT), then SIGKILL to it and its children if it lingers past
@@ -303,12 +264,7 @@ class PostgresServer:
                 process.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self._kill(process)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self._own_directory and self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            self.directory, self._own_directory = None, False
+        self._release()
 
     @staticmethod
     def _kill(process: subprocess.Popen[bytes]) -> None:
@@ -324,18 +280,3 @@ class PostgresServer:
                 child.kill()
         process.wait(10)
         psutil.wait_procs(children, timeout=10)
-
-    def close(self) -> None:
-        """The same as ``stop()``."""
-        self.stop()
-
-    def __enter__(self) -> Self:
-        return self if self.alive() else self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

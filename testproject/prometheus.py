@@ -14,21 +14,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self, TypeVar
+from typing import IO, Any, ClassVar, Self
 
-from testproject.harness import free_port, stop_process
-
-T = TypeVar("T")
+from testproject.servers import PrivateServer, free_port, poll
 
 JOB = "relier"
 
@@ -38,18 +33,6 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 class PrometheusError(RuntimeError):
     """The private Prometheus exited, refused a request or answered with an error."""
-
-
-def _poll(predicate: Callable[[], T | None], timeout_s: float, what: str) -> T:
-    # harness.wait_until, typed: the first value that is not None, else TimeoutError.
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _duration(seconds: float) -> str:
@@ -68,7 +51,7 @@ def _timestamp(rfc3339: str) -> float:
 
 
 @dataclass
-class PrometheusServer:
+class PrometheusServer(PrivateServer):
     """A private ``prometheus`` scraping one target every ``scrape_interval_s``.
 
     The target is ``target`` (``host:port``) at ``metrics_path`` over plain HTTP, with
@@ -83,6 +66,10 @@ class PrometheusServer:
     its scrape loop on a fixed 5 s tick that no flag of 2.42 shortens. Share one server
     across the tests that can.
     """
+
+    program: ClassVar[str] = "prometheus"
+    error: ClassVar[type[Exception]] = PrometheusError
+    log_name: ClassVar[str] = "prometheus.log"
 
     target: str
     metrics_path: str = "/metrics"
@@ -99,21 +86,6 @@ class PrometheusServer:
     def url(self) -> str:
         """The base URL of its HTTP API and UI, e.g. ``http://127.0.0.1:40123``."""
         return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        if self.process is None:
-            raise PrometheusError("prometheus was never started")
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    @property
-    def log_path(self) -> Path:
-        if self.directory is None:
-            raise PrometheusError("prometheus has no directory before start()")
-        return self.directory / "prometheus.log"
 
     def config(self) -> dict[str, Any]:
         """The configuration it runs with: one scrape job, ``relier``, for ``target``."""
@@ -153,39 +125,27 @@ class PrometheusServer:
                 message carries its log's tail).
             TimeoutError: it was not ready within ``timeout_s`` seconds.
         """
-        if self.directory is None:
-            self.directory = Path(tempfile.mkdtemp(prefix="relier-prometheus-"))
-            self._own_directory = True
-        self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / "prometheus.json").write_text(json.dumps(self.config(), indent=2))
+        directory = self.directory or self._make_temp_directory()
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "prometheus.json").write_text(json.dumps(self.config(), indent=2))
         args = self.args()
         # A file, not a pipe: prometheus logs steadily, and a full pipe would stall it.
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the server
         self.process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
+            args, stdin=subprocess.DEVNULL, stdout=self._open_log(), stderr=subprocess.STDOUT
         )
         try:
-            _poll(self._ready, timeout_s, f"prometheus on port {self.port}")
+            self._wait_ready(timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _ready(self) -> bool | None:
-        self._check_alive()
+    def _answers(self) -> bool:
         try:
             with _OPENER.open(f"{self.url}/-/ready", timeout=2):
                 return True  # urllib raises HTTPError for anything but 2xx
         except (urllib.error.URLError, ConnectionError):
-            return None  # not listening yet, or 503 while the TSDB opens
-
-    def _check_alive(self) -> None:
-        if self.process is None:
-            raise PrometheusError("prometheus was never started")
-        if self.process.poll() is not None:
-            log = self.directory / "prometheus.log" if self.directory else None
-            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
-            raise PrometheusError(f"prometheus exited with {self.process.returncode}:\n{tail}")
+            return False  # not listening yet, or 503 while the TSDB opens
 
     def api(self, endpoint: str, **params: str) -> Any:
         """GET ``/api/v1/<endpoint>`` and return its ``data``.
@@ -274,33 +234,7 @@ class PrometheusServer:
             return None
 
         try:
-            return _poll(scraped, timeout_s, f"a scrape of {self.target} after {since:.3f}")
+            return poll(scraped, timeout_s, f"a scrape of {self.target} after {since:.3f}")
         except TimeoutError as exc:
             seen = [(t.get("scrapeUrl"), t.get("health"), t.get("lastError")) for t in last]
             raise TimeoutError(f"{exc}; targets: {seen}") from None
-
-    def stop(self) -> None:
-        """SIGTERM it, SIGKILL it if it lingers past 10 s, reap it, close its log, and
-        remove its directory if ``start()`` made it. Idempotent."""
-        stop_process(self.process)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        if self._own_directory and self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            self.directory, self._own_directory = None, False
-
-    def close(self) -> None:
-        """The same as ``stop()``."""
-        self.stop()
-
-    def __enter__(self) -> Self:
-        return self if self.alive() else self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

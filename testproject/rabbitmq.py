@@ -49,19 +49,16 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Self, TypeVar
+from typing import IO, ClassVar, Self
 
 import psutil
 from kombu.connection import Connection
 from kombu.exceptions import OperationalError
 
-from testproject.harness import free_port
-
-T = TypeVar("T")
+from testproject.servers import PrivateServer, free_port, poll
 
 logger = logging.getLogger(__name__)
 
@@ -76,18 +73,6 @@ USER = PASSWORD = "guest"  # RabbitMQ's default user, refused from anywhere but 
 class RabbitError(RuntimeError):
     """The private RabbitMQ could not be set up, exited before it was ready, or a
     ``rabbitmqctl`` command against it failed."""
-
-
-def _poll(predicate: Callable[[], T | None], timeout_s: float, what: str) -> T:
-    # harness.wait_until, typed: the first value that is not None, else TimeoutError.
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _free_port_besides(taken: set[int]) -> int:
@@ -189,7 +174,7 @@ def find_executables() -> tuple[Path, Path, Path]:
 
 
 @dataclass
-class RabbitServer:
+class RabbitServer(PrivateServer):
     """A private RabbitMQ node (no plugins, user ``guest``) in ``directory``.
 
     Ports left at 0 are picked free at construction and kept for the server's life, so
@@ -199,6 +184,10 @@ class RabbitServer:
     Use it as a context manager (``with RabbitServer(path) as rabbit:``) or call
     ``start()`` and ``stop()``.
     """
+
+    program: ClassVar[str] = "RabbitMQ node"
+    error: ClassVar[type[Exception]] = RabbitError
+    log_name: ClassVar[str] = "console.log"  # stdout and stderr: early boot errors land here
 
     directory: Path
     port: int = 0
@@ -226,29 +215,20 @@ class RabbitServer:
         return f"amqp://{USER}:{PASSWORD}@127.0.0.1:{self.port}//"
 
     @property
-    def pid(self) -> int:
-        """The PID of the node's Erlang VM (``beam.smp``)."""
-        if self.process is None:
-            raise RabbitError("the RabbitMQ node was never started")
-        return self.process.pid
-
-    @property
     def epmd_pid(self) -> int:
         if self.epmd is None:
             raise RabbitError("the node's epmd was never started")
         return self.epmd.pid
 
     @property
-    def log_path(self) -> Path:
-        """The node's stdout and stderr: the early boot errors land here, not in its log."""
-        return self.directory / "console.log"
-
-    @property
     def node_log_path(self) -> Path:
         return self.directory / "log" / f"{self.node}.log"
 
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+    def log_tail(self, chars: int = 3000) -> str:
+        # This start's output only (the log is kept across restarts), from RabbitMQ's
+        # "BOOT FAILED" report on; then where the node's own log is.
+        tail = _tail(self.log_path, chars, offset=self._log_offset)
+        return f"{tail}\n(the node {self.node}'s own log: {self.node_log_path})"
 
     def start(self, timeout_s: float = 60) -> Self:
         """Start ``epmd`` (unless it still runs) and the node; return once an AMQP
@@ -261,9 +241,7 @@ class RabbitServer:
         """
         server, _, epmd = find_executables()
         self._prepare_directory(server)
-        if self._log is None:
-            self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the node
-        self._log_offset = self._log.tell()
+        self._log_offset = self._open_log().tell()
         try:
             self._start_epmd(epmd)
             self.process = subprocess.Popen(
@@ -275,7 +253,7 @@ class RabbitServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C meant for pytest does not reach it
             )
-            _poll(self._ready, timeout_s, f"RabbitMQ node {self.node} on port {self.port}")
+            self._wait_ready(timeout_s)
         except BaseException:
             self.stop()
             raise
@@ -341,7 +319,7 @@ class RabbitServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        _poll(self._epmd_listening, 10, f"epmd on port {self.epmd_port}")
+        poll(self._epmd_listening, 10, f"epmd on port {self.epmd_port}")
 
     def _epmd_listening(self) -> bool | None:
         # Our epmd's own socket, not merely "something answers": another epmd may hold it.
@@ -356,20 +334,13 @@ class RabbitServer:
                 return True
         return None
 
-    def _ready(self) -> bool | None:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise RabbitError(
-                f"the RabbitMQ node {self.node} exited with {self.process.returncode}:\n"
-                f"{_tail(self.log_path, offset=self._log_offset)}\n"
-                f"(the node's own log: {self.node_log_path})"
-            )
+    def _answers(self) -> bool:
         # max_retries=0: connect() would sleep 2 s after a refused connection.
         connection = Connection(self.url, connect_timeout=2)
         try:
             connection.ensure_connection(max_retries=0)
         except OperationalError:
-            return None  # not listening yet, or still booting
+            return False  # not listening yet, or still booting
         finally:
             connection.release()
         return True
@@ -419,9 +390,7 @@ class RabbitServer:
             except subprocess.TimeoutExpired:
                 self.epmd.kill()
                 self.epmd.wait(5)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self._release()  # the directory stays: it is the caller's (restart() reuses it)
 
     def _stop_node(self, timeout_s: float) -> None:
         process = self.process
@@ -471,14 +440,3 @@ class RabbitServer:
         and data: what durable queues held persistently is still there."""
         self._stop_node(timeout_s)
         return self.start(timeout_s)
-
-    def __enter__(self) -> Self:
-        return self if self.alive() else self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

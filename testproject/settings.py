@@ -110,7 +110,7 @@ CELERY_TASK_ACKS_LATE = env.bool("CELERY_TASK_ACKS_LATE", default=False)
 CELERY_TASK_REJECT_ON_WORKER_LOST = env.bool("CELERY_TASK_REJECT_ON_WORKER_LOST", default=False)
 CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER", default=4)
 # RabbitMQ's quorum queues, and a default queue of another name, for
-# tests/integration/test_rabbitmq_broker.py.
+# tests/integration/celery_compat/test_rabbitmq_broker.py.
 CELERY_TASK_DEFAULT_QUEUE_TYPE = env.str("CELERY_TASK_DEFAULT_QUEUE_TYPE", default="classic")
 CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="celery")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
@@ -183,7 +183,7 @@ LOGGING = {
 }
 
 # A Celery beat entry naming an @rl_task, every DEMO_BEAT_EVERY_S seconds (0: none), for
-# tests/integration/test_celery_native.py: beat's own apply_async must push it.
+# tests/integration/celery_compat/test_celery_native.py: beat's own apply_async must push it.
 if env.float("DEMO_BEAT_EVERY_S", default=0):
     CELERY_BEAT_SCHEDULE = {
         "demo-beat": {

@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from testproject.harness import CeleryWorker, RedisServer, free_port, reset_celery_connections
+from testproject.harness import (
+    QUICK_REDIS_RETRY_ENV,
+    CeleryWorker,
+    RedisServer,
+    free_port,
+    reset_celery_connections,
+)
 from testproject.lostreply import LostReplyProxy
 from testproject.postgres import PostgresServer
 from testproject.shared_db import SharedDatabase
@@ -34,6 +40,7 @@ _TIER_BY_DIR = {
     "chaos": "chaos",
     "browser": "browser",
     "cluster": "cluster",
+    "tooling": "tooling",
 }
 
 
@@ -45,12 +52,25 @@ def pytest_configure(config: pytest.Config) -> None:
     the session's Redis replaces ``RELIER_REDIS_URL``: the suite never uses a PostgreSQL
     it did not start. A missing server binary fails the run, it never skips.
     """
-    if config.getoption("help") or os.environ.get(POSTGRES_URL_ENV) == "":
+    if config.getoption("help"):
+        return
+    _fast_password_hashing()
+    if os.environ.get(POSTGRES_URL_ENV) == "":
         return
     server = PostgresServer().start()
     config.stash[_POSTGRES] = server
     config.stash[_POSTGRES_URL_BEFORE] = os.environ.get(POSTGRES_URL_ENV)
     _point_databases_at(server.url)
+
+
+def _fast_password_hashing() -> None:
+    """Django's default hasher (PBKDF2, a million rounds) costs about a second per user a
+    test creates with a password, and the admin tests create one or more each. The
+    passwords are throw-away: MD5, as Django's testing docs advise. Set before any
+    password is hashed, so Django's cached hasher list is built from it."""
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -240,16 +260,33 @@ def lost_reply(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator
 
 
 @pytest.fixture
-def redis_down(monkeypatch: pytest.MonkeyPatch, settings) -> Iterator[str]:  # type: ignore[no-untyped-def]
+def quick_redis_retry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's relier clients with their retry budget (``REDIS_RETRY_S``) cut to
+    nothing (``QUICK_REDIS_RETRY_ENV``): a connection error is raised at the first
+    refusal, not after 3.75 s or more per call. For the tests of what an unreachable
+    Redis is answered with; never for those of the budget itself. Restored after."""
+    from relier_django import conf
+
+    for name, value in QUICK_REDIS_RETRY_ENV.items():
+        monkeypatch.setenv(name, value)  # the environment wins over settings
+    conf.get_config.cache_clear()
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+        conf.get_config.cache_clear()
+
+
+@pytest.fixture
+def redis_down(quick_redis_retry: None, monkeypatch: pytest.MonkeyPatch, settings) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """relier pointed at a Redis nobody listens at (a free port), with its retry budget
-    (``REDIS_RETRY_S``) cut to nothing: a test of how a page or a command answers an
+    cut to nothing (``quick_redis_retry``): a test of how a page or a command answers an
     unreachable Redis need not wait the budget out (3.75 s or more per call). Yields the
     URL. The environment and the settings are restored after the test."""
     from relier_django import conf
 
     url = f"redis://127.0.0.1:{free_port()}/0"
     monkeypatch.setenv("RELIER_REDIS_URL", url)  # the environment wins over settings
-    monkeypatch.setenv("RELIER_REDIS_RETRY_S", "0")
     settings.RELIER = {**settings.RELIER, "REDIS_URL": url, "REDIS_RETRY_S": 0}
     conf.get_config.cache_clear()
     try:

@@ -1,4 +1,4 @@
-"""Test-only URLs for tests/integration/test_ratelimit.py: limited sync and async views.
+"""Test-only URLs for tests/integration/django_app/test_ratelimit.py: limited sync and async views.
 
 ``CALLS`` counts how often each view body ran, so a test can prove a refused request
 never reached its view.

@@ -7,7 +7,7 @@ what a user who cares about delivery runs; and they differ from classic queues w
 relier is exposed: every process must declare the recovery queue as a quorum queue too
 (``publish.declare``), Celery drops global QoS for them, and a redelivered message
 counts against a delivery limit. Classic queues are covered by
-tests/integration/test_rabbitmq_broker.py.
+tests/integration/celery_compat/test_rabbitmq_broker.py.
 
 The node is killed (``SIGKILL`` of its VM, as a crash or an OOM kill would) and started
 again on the same ports and data; at full size a second, graceful, restart follows

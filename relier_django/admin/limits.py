@@ -47,7 +47,6 @@ def limit_list(request: HttpRequest, model_admin: ModelAdmin) -> HttpResponse:
         "Flow control",
         named=limits.named(),
         rows=[_scope_row(model_admin, s) for s in found.scopes],
-        truncated=found.truncated,
         now=utc_text(found.at_ms) if found.at_ms else "",
     )
     return pages.render(request, "limits.html", context)

@@ -10,8 +10,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Task, shared_task
+from celery.canvas import maybe_signature
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
+from .broker import publish
 from .model import arguments, config, ids, links, workflow
 from .model import limits as limits_mod
 from .model import options as options_mod
@@ -21,7 +23,7 @@ from .model.rates import Rate
 from .model.request import Request, RetryPolicy
 from .model.schema import Migration, Schema
 from .model.spec import TaskSpec
-from .model.timing import timing
+from .model.timing import debounce, timing
 from .push import producer
 from .push.producer import PushWith
 from .store import event_loop, liveness
@@ -89,6 +91,8 @@ class RelierTask(Task):
         countdown: float | timedelta | None = None,
         eta: datetime | None = None,
         expires: float | timedelta | datetime | None = None,
+        debounce_s: float | timedelta | None = None,
+        debounce_key: str | None = None,
     ) -> PushWith:
         """Options for one push, apart from the task's arguments (no parameter name of
         a task is reserved): ``task.push_with(using="orders").push(order_id)``.
@@ -104,15 +108,34 @@ class RelierTask(Task):
                 A time in the past dispatches at once.
             expires: seconds from the push, or an aware datetime: a task not started by
                 then lands in the DLQ with reason ``expired``, never runs.
+            debounce_s: a quiet window, seconds (or a timedelta): the task is due this
+                long after the push, and a later debounced push of the same key within
+                that wait supersedes it (trailing edge: of a burst, only the last push
+                runs, once, with its arguments; a superseded one's ``get()`` raises
+                ``TaskSuperseded``). A push after the waiting task was dispatched starts
+                a new window (docs/flow-control.md, "Debounce").
+            debounce_key: the key pushes are debounced under (default: the task's
+                arguments); always within the task's own name.
 
         Raises:
-            TypeError: an option of the wrong type, a naive datetime.
+            TypeError: an option of the wrong type, a naive datetime, ``debounce_key``
+                without ``debounce_s``.
             ValueError: ``using`` together with ``on_commit=False``; a negative countdown;
                 a due or expiry time outside 0001-01-02 .. 9999-12-31 UTC
-                (``model.timing.LATEST_MS``).
+                (``model.timing.LATEST_MS``); ``debounce_s`` with ``countdown`` or
+                ``eta`` (the window is the countdown), or not above 0.
         """
+        window = debounce(debounce_s, debounce_key)
+        if window is not None and (countdown is not None or eta is not None):
+            raise ValueError(
+                f"{self.name}: debounce_s= is the task's countdown (it is due when its window "
+                "is over): leave countdown= and eta= out"
+            )
+        if window is not None:
+            countdown = timedelta(milliseconds=window.window_ms)
         when = timing(countdown, eta, expires)
-        return PushWith(self.relier_spec, self.app, on_commit=on_commit, using=using, when=when)
+        return PushWith(self.relier_spec, self.app, on_commit=on_commit, using=using, when=when,
+                        debounce=window)  # fmt: skip
 
     def delay(self, *args: Any, **kwargs: Any) -> Receipt:
         """Celery's name for :meth:`push`, with the same guarantees."""
@@ -126,9 +149,12 @@ class RelierTask(Task):
     ) -> Receipt:
         """Celery's ``apply_async``: a :meth:`push` with ``task_id=`` and ``queue=``.
 
-        Options relier cannot honour yet (``countdown``, ``eta``, ``expires``,
-        ``link`` and canvas, ``priority``, custom ``headers``) raise ``TypeError``
-        naming the difference; a few that cannot matter here (``producer``, ``retry``,
+        ``link=`` (one ``@rl_task`` signature or a list) creates each callback with the
+        commit, once, with the result as its first argument (not for an immutable
+        ``.si()``); ``link_error=`` creates each errback when the task lands in the
+        DLQ, once, with the failed task's id as its first argument (docs/workflows.md).
+        Options relier cannot honour yet (``priority``, custom ``headers``, ...) raise
+        ``TypeError`` naming the difference; a few that cannot matter here (``producer``, ``retry``,
         ``retry_policy``, ``ignore_result``, beat's header) are accepted. So a beat
         entry naming this task pushes it.
 
@@ -138,11 +164,14 @@ class RelierTask(Task):
                 printable characters without whitespace (``model.ids``); nothing is
                 stored.
         """
+        lent = options.get("producer")  # a group's or chord's, held while it applies
         chosen = options_mod.call_options(options)
         when = timing(
             chosen.pop("countdown", None), chosen.pop("eta", None), chosen.pop("expires", None)
         )
         steps = _steps(self.app, chosen.pop("chain", None) or ())
+        link = _linked(self.app, chosen.pop("link", None), errback=False)
+        link_error = _linked(self.app, chosen.pop("link_error", None), errback=True)
         index, body = chosen.pop("group_index", None), chosen.pop("chord", None)
         chord = {}
         if body is not None:
@@ -150,10 +179,12 @@ class RelierTask(Task):
                 raise TypeError("a chain inside a chord's header is not supported yet")
             callback = _steps(self.app, [body])[0]
             chord = {"id": chosen.get("group_id"), "index": index, "callback": callback.wire()}
-        return producer.push(
-            self.relier_spec, self.app, tuple(args or ()), dict(kwargs or {}), when=when,
-            chain=steps, chord=chord, position=index, **chosen,
-        )  # fmt: skip
+        with publish.lending(lent):
+            return producer.push(
+                self.relier_spec, self.app, tuple(args or ()), dict(kwargs or {}), when=when,
+                chain=steps, chord=chord, position=index, link=link, link_error=link_error,
+                **chosen,
+            )  # fmt: skip
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # In a worker, Celery's tracer calls the task with the message's arguments (one
@@ -213,6 +244,12 @@ def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
         options = sig.options
         if options.get("chord") is not None:
             raise TypeError("a chain inside a chord's header is not supported yet")
+        if options.get("link") or options.get("link_error"):
+            raise TypeError(
+                f"chain step {spec.name!r} has a link= or link_error= of its own (a "
+                "chain's link goes to its last step), which relier does not support yet; "
+                "link the chain's first task, or add the callback as a step"
+            )
         sig_args, sig_kwargs = tuple(sig.args), dict(sig.kwargs)
         # The previous step's result comes first: its type is only known then.
         probe = sig_args if sig.immutable else (None, *sig_args)
@@ -232,6 +269,61 @@ def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
             )
         )
     return steps
+
+
+def _linked(app: Any, given: Any, *, errback: bool) -> list[workflow.Step]:
+    """The callbacks (``link=``) or errbacks (``link_error=``) of a push, from one
+    signature or a list of them, each checked now: a callback takes the result first,
+    an errback the failed task's id (unless immutable, ``.si()``).
+
+    Raises:
+        TypeError: a signature that is not a plain ``@rl_task`` one (a plain Celery
+            task, a group, a chain, a signature with links of its own), whose arguments
+            do not fit its task, or an errback whose task has flow control.
+        InvalidTaskId: a frozen ``task_id`` that breaks the id rule (``model.ids``).
+    """
+    if given is None:
+        return []
+    option = "link_error" if errback else "link"
+    out = []
+    for sig in given if isinstance(given, list | tuple) else [given]:
+        sig = maybe_signature(sig, app=app)
+        name = getattr(sig, "task", None)
+        spec = getattr(app.tasks.get(name) if isinstance(name, str) else None, "relier_spec", None)
+        if not isinstance(spec, TaskSpec) or sig.options.get("chain"):
+            what = name if isinstance(name, str) else type(sig).__name__
+            raise TypeError(
+                f"{option}={what!r} is not an @rl_task signature: relier creates it in the "
+                f"same script that ends this task, which it cannot do for a plain Celery "
+                f"task, a group, a chain or a chord ({links.doc('workflows.md', 'links')})"
+            )
+        if sig.options.get("link") or sig.options.get("link_error"):
+            raise TypeError(f"{option}={spec.name!r} has links of its own: not supported yet")
+        if errback and spec.limits:
+            raise TypeError(
+                f"link_error={spec.name!r}: an errback whose task has flow control "
+                "(concurrency=, limit=, rate=) is not supported yet"
+            )
+        sig_args, sig_kwargs = tuple(sig.args), dict(sig.kwargs)
+        # What comes first is known only then: the result, or the failed task's id.
+        probe = sig_args if sig.immutable else ("0" if errback else None, *sig_args)
+        arguments.check(spec, probe, sig_kwargs)
+        chosen = sig.options.get("task_id")
+        if chosen is not None:
+            ids.check_id(chosen, f"{option} {spec.name!r} task_id")
+        limit = spec.max_resurrections
+        out.append(
+            workflow.Step(
+                task=spec.name, id=chosen or uuid.uuid4().hex, args=sig_args,
+                kwargs=sig_kwargs, queue=sig.options.get("queue") or spec.queue or "",
+                immutable=bool(sig.immutable), version=spec.schema.version,
+                max_resurrections=(
+                    (config.current().max_resurrections if limit is None else limit)
+                    if errback else None
+                ),
+            )
+        )  # fmt: skip
+    return out
 
 
 def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:

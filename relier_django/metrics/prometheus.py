@@ -206,11 +206,6 @@ class _Figures(Collector):
         for family, h in sorted(f.limit_wait.items()):
             wait.add_metric([family], _buckets(h), h.sum_s)
         yield wait
-        yield GaugeMetricFamily(
-            "relier_limit_scan_truncated",
-            "1 when the flow-control reading stopped early (the limit gauges are partial).",
-            value=1 if f.limits.truncated else 0,
-        )
 
 
 def text(found: Figures, outbox: dict[str, int | None]) -> bytes:

@@ -388,7 +388,7 @@ class RelierBackend(BaseTaskBackend):
             if data.get("status") == "ok":
                 done = _when(told.fields.get("done_ms"))
                 return TaskResultStatus.SUCCESSFUL, data.get("result"), [], done
-            if data.get("status") == "cancelled":
+            if data.get("status") in ("cancelled", "superseded"):
                 error = TaskError(exception_class_path=_CANCELLED, traceback="cancelled")
                 return TaskResultStatus.FAILED, None, [error], None
         if told.dlq:

@@ -1,6 +1,6 @@
 """Bound tasks written in Celery's idioms (issue 39): ``self.request`` and
-``raise self.retry(exc=..., countdown=...)``, for tests/integration/test_bound_tasks.py
-on real workers and in eager mode.
+``raise self.retry(exc=..., countdown=...)``, for
+tests/integration/celery_compat/test_bound_tasks.py on real workers and in eager mode.
 
 Each run appends what it saw of ``self.request`` to ``demo:bound:<label>`` in Redis, so a
 test counts runs and reads their requests independently of the outcome.

@@ -1,4 +1,4 @@
-"""Tasks for tests/integration/test_django_tasks_conformance.py (Django's own
+"""Tasks for tests/integration/django_app/test_django_tasks_conformance.py (Django's own
 tests/tasks expectations, adapted to a real backend).
 
 Each is the smallest function that shows one behaviour Django's test suite expects

@@ -1,4 +1,4 @@
-"""Tasks that report progress (docs/progress.md), for tests/integration/test_progress.py:
+"""Tasks that report progress (docs/progress.md), for tests/integration/worker/test_progress.py:
 Celery's idiom (``bind=True`` and ``self.update_state``) and relier's (``ctx.set_progress``).
 
 Each records what it did in ``demo:progress:<run>`` (``reported:<fence>``,

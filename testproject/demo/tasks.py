@@ -539,7 +539,7 @@ def _seen_postrun(task_id: str | None = None, state: str | None = None, **_: Any
     _celery_seen(task_id, signal="postrun", state=state)
 
 
-# --- Scheduling (tests/integration/test_scheduling.py) ---------------------------------
+# --- Scheduling (tests/integration/schedule/test_scheduling.py) ---------------------------------
 @rl_task(name="demo.scheduled_at")
 def scheduled_at(ctx: TaskContext, label: str) -> str | None:
     """Returns when the task was due, as the context says (None: pushed to run now)."""

@@ -67,6 +67,7 @@ TRIGGERS = [
         False,
         "app.send_task(name, args): Celery's own message, adopted by the worker",
     ),
+    Trigger("debounce", triggers.debounced, False, "the last of two debounced pushes (2.5 s)"),
 ]
 IDEMPOTENCY = [
     Idempotency("plain", False, "a task without idempotency"),
@@ -153,6 +154,15 @@ EXCLUDED = [
         "a parked message is stored only when a worker adopts it, so there is nothing to "
         "cancel before; the lost-reply fate drops push.lua's reply, which a message sent "
         "by name never calls (adopt.lua's lost reply: tests/integration/test_replay.py)",
+    ),
+    Exclusion(
+        {"trigger": "debounce", "idempotency": "idempotent"},
+        "an idempotent task cannot be debounced (push raises ValueError): its second push "
+        "would be the first's duplicate, superseding nothing",
+    ),
+    Exclusion(
+        {"trigger": "debounce", "fate": "late release"},
+        "only a chord keeps state with a TTL that a release can outlive",
     ),
 ]
 # fmt: on

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from testproject.cluster import ClusterGroup
 from tests.cluster.stores import PARTITIONS
-from tests.integration.test_checks import ids, relier, relier_messages
+from tests.integration.django_app.test_checks import ids, relier, relier_messages
 
 __all__ = ["relier"]  # the settings fixture, shared with test_checks.py
 

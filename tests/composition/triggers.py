@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from celery import chain, chord, group
 
+from relier_django.core.model.timing import Debounce, Timing
+from relier_django.core.push import producer
 from relier_django.core.schedule import periodic
 from testproject.celery import app
 from testproject.demo import composition_tasks as tasks
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from .case import Case
 
 COUNTDOWN_S = 1.5
+DEBOUNCE_MS = 2_500
 
 
 def _push_now(case: Case, **options: Any) -> None:
@@ -162,3 +165,27 @@ def group_member(case: Case) -> Iterator[None]:
     case.workflow_id = result.id
     case.touch("pushed the group")
     yield
+
+
+def debounced(case: Case) -> Iterator[None]:
+    """Two debounced pushes of one key (the cell's label), one after the other: the
+    first is superseded by the second, the cell's task, which runs. ``push_with`` takes
+    no task id or queue, so this calls the producer it wraps with them."""
+    case.push_twin()
+    first, own = case.announce("superseded"), case.announce("own")
+    spec, window = case.cell.task.relier_spec, Debounce(DEBOUNCE_MS, case.label)
+    receipts = []
+    with case.transaction():
+        for task_id in (first, own):
+            receipts.append(producer.push(
+                spec, case.cell.task.app, (case.label,), {"first": case.first}, task_id=task_id,
+                queue=case.queue, when=Timing(countdown_ms=DEBOUNCE_MS), debounce=window,
+            ))  # fmt: skip
+    case.follow_receipt(receipts[1], "the cell's task (the last debounced push)")
+    yield
+    record = case.lab.state(first).record or {}
+    if record.get("status") != "superseded" or record.get("by") != own:
+        case.problem(f"the first debounced push {first}: expected superseded by {own}, "
+                     f"the store shows {record or 'no outcome'}")  # fmt: skip
+    if any(run.task_id == first for run in case.runs()):
+        case.problem(f"the first debounced push {first} ran, though superseded")

@@ -201,7 +201,10 @@ def test_a_rate_holds_across_workers(worker_factory, redis_client):
     for i, at in enumerate(starts):
         within = sum(1 for other in starts[i:] if other < at + 1000)
         assert within <= 45, (i, within)
-    assert starts[-1] - starts[0] >= 1900  # 40 past the burst, at 50 ms each
+    # 40 past the burst, dispatched 50 ms apart: 2 s from the first to the last. A
+    # start of the burst picked up late shortens what the starts show; a rate held per
+    # worker (two workers, 20/s each) would show half of it.
+    assert starts[-1] - starts[0] >= 1500
 
 
 def test_a_limit_the_settings_do_not_define_is_refused_at_push(redis_client, settings):

@@ -41,8 +41,8 @@ from relier_django.core.dlq import dead_letter as dlq
 from relier_django.core.dlq import release
 from relier_django.core.dlq.store import DeadLetterStore
 from relier_django.core.extras import lock, ratelimit
-from relier_django.core.model import config, outcome
-from relier_django.core.model.envelope import Envelope
+from relier_django.core.model import config, outcome, workflow
+from relier_django.core.model.envelope import Envelope, decode
 from relier_django.core.model.failure import Failure, Reason
 from relier_django.core.model.limits import Gate
 from relier_django.core.model.rates import Rate
@@ -70,6 +70,7 @@ Scenario = Callable[[config.Config, redis.Redis], Any]
 class Case:
     run: Scenario
     replayed: bool = True  # False: its callers make one attempt (see the module docstring)
+    setup_runs: int = 0  # how many times its set-up runs the script under test first
 
 
 def _keys(cfg: config.Config) -> KeySpace:
@@ -469,6 +470,49 @@ def commit_gated_successor(cfg: config.Config, client: redis.Redis) -> Any:
     return done
 
 
+def commit_link(cfg: config.Config, client: redis.Redis) -> Any:
+    """A commit with a chain's next step and two callbacks (link=): one stored due now
+    for the leader's dispatch, one parked behind its scope's holder; each once."""
+    _holder(cfg, client)
+    env = _started(cfg, client)
+    record = outcome.succeeded(3, env.fence)
+    nxt = Envelope(
+        id="replay-next", task="demo.step_add", args=(3, 4), created_ms=1, workflow=env.id
+    )
+    queued = publish.Queued("replay-queue", "the message")
+    successor = fencing.Successor(nxt, nxt.encode(), queued, 60_000, 3)
+    a = Envelope(id="replay-link-a", task="demo.step_add", args=(3, 1), created_ms=1)
+    b = Envelope(id="replay-link-b", task="demo.record", args=("b",), created_ms=1)
+    links = [fencing.Linked(a, a.encode(), 3),
+             fencing.Linked(b, b.encode(), 2, ONE_SLOT.script_arg())]  # fmt: skip
+    done = fencing.commit(_keys(cfg), env, record, 60_000, successor=successor, links=links).run(
+        client
+    )
+    keys = _keys(cfg)
+    assert [client.hget(keys.task(i), "state") for i in (a.id, b.id)] == ["scheduled", "parked"]
+    assert client.zscore(keys.schedule, a.id) is not None
+    return done
+
+
+@functools.cache
+def _with_errback() -> Any:
+    errback = workflow.Step(task="demo.sync_record", id="replay-eb", max_resurrections=2)
+    return producer.prepare(tasks.record.relier_spec, ("x",), {}, TASK_ID, link_error=[errback])
+
+
+def dead_letter_link_error(cfg: config.Config, client: redis.Redis) -> Any:
+    """A filing in the DLQ creates the task's errback (link_error=), given its id, once."""
+    env = _with_errback()
+    keys = _keys(cfg)
+    assert idempotency.store(keys, env, env.encode(), 60_000, 3, token="p").run(client).stored
+    assert fencing.start(keys, env, "w1@host:1", 30_000).run(client).started
+    failure = Failure(Reason.EXCEPTION, "ValueError", "boom", worker="w1@host:1")
+    done = dlq.dead_letter(keys, failure, 60_000, env=env, now_ms=1).run(client)
+    errback = decode(client.hget(keys.task("replay-eb"), "env"))
+    assert (errback.args, client.hget(keys.task("replay-eb"), "maxres")) == ((TASK_ID,), "2")
+    return done
+
+
 def dead_letter_hands_over(cfg: config.Config, client: redis.Redis) -> Any:
     env = _holding(cfg, client)
     failure = Failure(Reason.EXCEPTION, "ValueError", "boom", worker="w1@host:1")
@@ -479,6 +523,41 @@ def cancel_parked(cfg: config.Config, client: redis.Redis) -> Any:
     _holder(cfg, client)
     push_slot(cfg, client)
     return store_cancel.cancel(cfg, TASK_ID)
+
+
+# -- debounce (issue 38): push.lua's debounce block and schedule_take's end of a window;
+# the plain layout only (a partitioned store refuses debounce at push).
+def _debounced(cfg: config.Config, client: redis.Redis, env: Any, token: str) -> Any:
+    keys = _keys(cfg)
+    record = (keys.debounce(env.task, "k"), 86_400_000)
+    when = Timing(countdown_ms=60_000)
+    call = idempotency.store(keys, env, env.encode(), 60_000, 3, token=token, when=when,
+                             debounce=record)  # fmt: skip
+    return call.run(client)
+
+
+def push_debounced(cfg: config.Config, client: redis.Redis) -> Any:
+    """A debounced push supersedes the task of its key still waiting: a replay of it
+    must not supersede the task it just stored, nor record the first one twice."""
+    assert _debounced(cfg, client, _other("p", "replay-prev"), "prev").scheduled
+    return _debounced(cfg, client, _env(cfg), "p")
+
+
+def push_superseded(cfg: config.Config, client: redis.Redis) -> Any:
+    """A client retry of a push that a later push superseded since is answered
+    "stored" (its outcome record names its envelope), and changes nothing."""
+    assert _debounced(cfg, client, _env(cfg), "p").scheduled
+    assert _debounced(cfg, client, _other("l", "replay-later"), "later").scheduled
+    again = _debounced(cfg, client, _env(cfg), "p")
+    assert again.stored and again.scheduled, again  # not "finished": it is the same push
+    return again
+
+
+def schedule_take_debounced(cfg: config.Config, client: redis.Redis) -> Any:
+    """The leader's take of a debounced task ends its window: the record goes."""
+    _debounced(cfg, client, _env(cfg), "p")
+    client.zadd(_keys(cfg).schedule, {TASK_ID: 1})  # due long ago
+    return _take_call(cfg).run(client)
 
 
 def presence(cfg: config.Config, client: redis.Redis) -> Any:
@@ -604,13 +683,21 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "commit+hands_over": ("commit", Case(commit_hands_over)),
     "commit+gated_successor": ("commit", Case(commit_gated_successor)),
     "dead_letter+hands_over": ("dead_letter", Case(dead_letter_hands_over)),
+    "commit+link": ("commit", Case(commit_link)),
+    "dead_letter+link_error": ("dead_letter", Case(dead_letter_link_error)),
     "cancel+parked": ("cancel", Case(cancel_parked)),
-    "adopt+redelivered": ("adopt", Case(adopt_redelivered)),
+    "push+debounce": ("push", Case(push_debounced, setup_runs=1)),
+    "push+superseded": ("push", Case(push_superseded, setup_runs=2)),
+    "schedule_take+debounce": ("schedule_take", Case(schedule_take_debounced)),
+    "adopt+redelivered": ("adopt", Case(adopt_redelivered, setup_runs=1)),
 }
 # Flow control runs on an unpartitioned store only (model/limits.py refuses it at push).
 _UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_take+parks",
                   "schedule_take+waits_rate", "commit+hands_over", "commit+gated_successor",
-                  "dead_letter+hands_over", "cancel+parked"}  # fmt: skip
+                  "dead_letter+hands_over", "cancel+parked", "push+debounce",
+                  "push+superseded", "schedule_take+debounce",
+                  # Links too: a partitioned store refuses them at push, as chains.
+                  "commit+link", "dead_letter+link_error"}  # fmt: skip
 
 
 def _script_names() -> list[str]:
@@ -714,7 +801,6 @@ def _run_once(
     direct: redis.Redis,
     lose: bool,
     partitions: int = 1,
-    setup_runs: int = 0,
 ) -> tuple[Any, dict[str, Any], int]:
     direct.flushall()
     script = getattr(scripts, name.upper())
@@ -725,7 +811,7 @@ def _run_once(
         if lose:
             # Armed for the scenario's own call: set-up calls of this same script, if
             # any, come first, so count them out by arming the nth run from here.
-            proxy.drop_reply(script.sha, nth=setup_runs + 1)
+            proxy.drop_reply(script.sha, nth=(case.setup_runs or _setup_runs(name)) + 1)
         answer = _outcome(case, cfg, client)
         runs = proxy.calls(script.sha) - before
     return answer, snapshot(direct), runs
@@ -733,7 +819,7 @@ def _run_once(
 
 def _setup_runs(name: str) -> int:
     # Scenarios whose set-up runs the script under test before the call it is about.
-    return {"resurrected": 0, "adopt+redelivered": 1}.get(name, 0)
+    return {"resurrected": 0}.get(name, 0)
 
 
 def test_every_script_has_a_replay_scenario() -> None:
@@ -764,9 +850,8 @@ def test_a_lost_reply_is_answered_as_the_first_call_and_changes_nothing_more(
     name: str, partitions: int, lost_reply: LostReplyProxy, redis_client: redis.Redis
 ) -> None:
     script, case = VARIANTS.get(name) or (name, CASES[name])
-    setup = _setup_runs(name)
-    plain = _run_once(script, case, lost_reply, redis_client, False, partitions, setup)
-    lost = _run_once(script, case, lost_reply, redis_client, True, partitions, setup)
+    plain = _run_once(script, case, lost_reply, redis_client, lose=False, partitions=partitions)
+    lost = _run_once(script, case, lost_reply, redis_client, lose=True, partitions=partitions)
     (plain_answer, plain_state, plain_runs), (lost_answer, lost_state, lost_runs) = plain, lost
     assert lost_reply.dropped == 1, "the fault never fired: the scenario did not call the script"
     if case.replayed:

@@ -170,7 +170,7 @@ def test_a_consumer_takes_with_take_lua_and_sleeps_on_the_doorbells(connection, 
 def test_every_way_a_message_is_queued_rings_its_doorbell(connection, store):
     """A waiting worker wakes as soon as a message is queued, whoever queued it: a
     publish through this transport, push.lua (the store's own Redis), commit.lua's
-    successor (tests/integration/test_chain.py runs it with real workers)."""
+    successor (tests/integration/workflows/test_chain.py runs it with real workers)."""
     _publish(connection, "plain-2", fence=None)
     assert store.zcard(redis_channel.bell_of("tq")) == 1
     store.delete(redis_channel.bell_of("celery"))

@@ -1,7 +1,7 @@
 """The post-commit send's retry bound and its last resort, on a fake clock (no server).
 
 The same paths against real Redis, brokers and workers:
-tests/integration/test_on_commit.py.
+tests/integration/django_app/test_on_commit.py.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from relier_django.core.broker import publish
 from relier_django.core.model import config
 from relier_django.core.model.config import Config
 from relier_django.core.model.spec import TaskSpec
+from relier_django.core.model.timing import Debounce, timing
 from relier_django.core.push import eager, producer
 
 
@@ -133,3 +134,13 @@ def test_a_captured_push_is_validated_and_never_sent():
     assert receipt.get() == "inv-1"
     with pytest.raises(RuntimeError, match="already ran"):
         captured[0].run()
+
+
+def test_a_debounced_push_runs_at_once_in_eager_mode_like_a_countdown():
+    spec = TaskSpec(name="unit.echo", fn=lambda x: x)
+    app = app_for(spec, task_always_eager=True)
+    when = timing(countdown=30)
+    debounce = Debounce(30_000, "k")
+    for x in (1, 2):  # nothing is debounced: each runs, as a countdown push would
+        receipt = producer.push(spec, app, (x,), {}, when=when, debounce=debounce)
+        assert receipt.get() == x

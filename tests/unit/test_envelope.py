@@ -148,8 +148,24 @@ def test_only_an_envelope_carrying_a_chain_is_written_in_format_2():
     step = {"task": "y", "id": "t2", "args": [], "kwargs": {}, "queue": "", "immutable": False}
     chained = Envelope(id="t", task="x", workflow="t", chain=(step,))
     body = json.loads(chained.encode())
-    assert (body["v"], body["workflow"], body["chain"]) == (FORMAT_VERSION, "t", [step])
+    assert (body["v"], body["workflow"], body["chain"]) == (2, "t", [step])
     assert decode(chained.encode()) == dataclasses.replace(chained, v=2)
+
+
+def test_an_envelope_carrying_links_is_written_in_format_3_and_read_back_whole():
+    # A release that reads format 2 at most (before link=) refuses it, into the DLQ
+    # (schema_migration), instead of committing the task and dropping its callbacks.
+    step = {"task": "y", "id": "t2", "args": [1], "kwargs": {}, "queue": "", "immutable": True}
+    errback = {**step, "id": "t3", "maxres": 2}
+    linked = Envelope(id="t", task="x", link=(step,), link_error=(errback,))
+    body = json.loads(linked.encode())
+    assert (body["v"], body["link"], body["link_error"]) == (3, [step], [errback])
+    assert decode(linked.encode()) == dataclasses.replace(linked, v=3)
+    assert FORMAT_VERSION == 3
+    assert json.loads(Envelope(id="t", task="x", link_error=(errback,)).encode())["v"] == 3
+    with pytest.raises(EnvelopeError, match="a link step is not an object") as err:
+        decode(with_checksum({**body, "link": ["y"]}))
+    assert err.value.reason == "malformed_message"
 
 
 def test_an_envelope_without_a_schema_version_reads_as_version_1():

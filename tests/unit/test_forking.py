@@ -1,7 +1,7 @@
 """worker/forking.py: the worker's main process collects, then freezes, what it holds
 just before its prefork pool forks the first pool process, and only then. The real
 thing (the objects a pool process inherits frozen) is
-tests/integration/test_pool_sharing.py; the memory it saves, bench/worker_memory.py."""
+tests/integration/worker/test_pool_sharing.py; the memory it saves, bench/worker_memory.py."""
 
 from __future__ import annotations
 

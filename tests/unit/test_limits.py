@@ -134,6 +134,9 @@ def test_the_readers_flow_control_key_names_are_the_ones_limits_lua_builds():
         tail = "cust:7" if what == "w:" else ""
         assert name == f"{prefix}:lim:{scope}:{what}{tail}"
     assert keys.limit_pattern() == f"{prefix}:lim:*"
+    # The two indexes readers list the scopes from, as the script names them.
+    assert "prefix .. ':lim_scopes'" in lua and keys.limit_scopes == f"{prefix}:lim_scopes"
+    assert "prefix .. ':lim_rates'" in lua and keys.limit_rates == f"{prefix}:lim_rates"
 
 
 def test_a_scope_s_family_drops_its_key_only():

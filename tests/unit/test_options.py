@@ -79,8 +79,10 @@ def test_apply_async_options_it_cannot_honour_are_refused_never_dropped():
         "task_id": "t1", "queue": "q"}  # fmt: skip
     assert options.call_options({"countdown": 5, "eta": None, "expires": 9}) == {
         "countdown": 5, "expires": 9}  # fmt: skip
+    # Celery's link= and link_error= pass on to the task's apply_async (test_link.py).
+    assert options.call_options({"link": "s", "link_error": None}) == {"link": "s"}
     for name, value, says in (
-        ("link", None, "canvas"), ("priority", 9, "not supported"),
+        ("priority", 9, "not supported"),
         ("routing_key", "x", "queue="), ("headers", {"tenant": 1}, "task arguments"),
         ("serializer", "pickle", "JSON"),
     ):  # fmt: skip

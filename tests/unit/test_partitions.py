@@ -15,6 +15,9 @@ import pytest
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from relier_django.core.model.config import Config
+from relier_django.core.model.errors import ConfigError
+from relier_django.core.model.spec import TaskSpec
+from relier_django.core.model.timing import Debounce
 from relier_django.core.push import producer
 from relier_django.core.store.keys import KeySpace, partition_tags
 
@@ -118,8 +121,16 @@ def test_a_push_draws_its_id_in_its_claims_partition_and_refuses_a_chain_step(
                  if keys.partition_of(f"id-{n}") != keys.partition_of_key(claim))  # fmt: skip
     with pytest.raises(ValueError, match="different partitions"):
         producer._placed("shop.charge", wrong, "order-1", False)
-    with pytest.raises(ValueError, match="chains and chords are not supported"):
+    with pytest.raises(ValueError, match="chains, chords and links are not supported"):
         producer._placed("shop.charge", None, None, True)
+
+
+def test_a_debounced_push_is_refused_on_a_partitioned_store() -> None:
+    spec = TaskSpec(name="shop.reindex", fn=lambda doc: doc)
+    with pytest.raises(ConfigError, match="debounce_s= needs an unpartitioned store"):
+        producer._debounced(spec, KeySpace.of(Config(partitions=6)), (1,), {}, Debounce(1000))
+    plain = producer._debounced(spec, KeySpace.of(Config()), (1,), {}, Debounce(1000))
+    assert plain is not None and plain.startswith("rl:db:shop.reindex:")
 
 
 def test_partitions_out_of_range_are_refused() -> None:

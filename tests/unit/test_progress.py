@@ -1,6 +1,6 @@
 """What ``ctx.set_progress`` / ``ctx.update_state`` accept, and how a context that runs
 in this process (eager, ``task(...)``) keeps its progress (docs/progress.md). No server:
-the stored path is tests/integration/test_progress.py's."""
+the stored path is tests/integration/worker/test_progress.py's."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from relier_django.core.model.envelope import Envelope
-from relier_django.core.model.workflow import Step, chain_of, successor
+from relier_django.core.model.workflow import Step, chain_of, errbacks, linked, successor
 
 
 def _first(*steps: Step) -> Envelope:
@@ -43,3 +43,37 @@ def test_a_malformed_step_is_refused(raw):
     env = Envelope(id="s1", task="t.a", workflow="s1", chain=(raw,))
     with pytest.raises(ValueError, match="malformed"):
         successor(env, 1, 1)
+
+
+def test_callbacks_take_the_result_first_and_errbacks_the_failed_id_each_a_task_of_its_own():
+    # Celery's link= and link_error= (docs/workflows.md#links): never a chain's step.
+    env = Envelope(
+        id="p1", task="t.a", trace={"x": "1"}, workflow="p1",
+        chain=chain_of([Step("t.next", "s2")]),
+        link=chain_of([Step("t.cb", "c1", args=(5,)),
+                       Step("t.cb", "c2", args=(7,), immutable=True)]),
+        link_error=chain_of([Step("t.eb", "e1", max_resurrections=4)]),
+    )  # fmt: skip
+    first, second = linked(env, {"n": 1}, created_ms=9)
+    assert (first.id, first.args, first.created_ms, first.trace) == (
+        "c1",
+        ({"n": 1}, 5),
+        9,
+        env.trace,
+    )
+    assert (second.id, second.args) == ("c2", (7,))
+    assert (first.workflow, first.chain, first.link, first.link_error) == ("", (), (), ())
+    assert first.push != second.push  # each creation a push of its own, the same if rebuilt
+    assert linked(env, {"n": 1}, created_ms=9)[0].push == first.push
+    ((errback, limit),) = errbacks(env, created_ms=9)
+    assert (errback.id, errback.args, limit) == ("e1", ("p1",), 4)
+    assert Step.from_wire(Step("t.eb", "e1").wire()).max_resurrections is None
+    assert "maxres" not in Step("t.eb", "e1").wire()  # a chain's step is written as before
+
+
+def test_a_malformed_link_is_refused():
+    env = Envelope(id="p1", task="t.a", link=({"id": "c1"},), link_error=({"task": "t"},))
+    with pytest.raises(ValueError, match="malformed"):
+        linked(env, 1, created_ms=1)
+    with pytest.raises(ValueError, match="malformed"):
+        errbacks(env, created_ms=1)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,27 @@ from .marker import MARKER_HEADER
 
 _lock = threading.Lock()
 _executor: tuple[int, ThreadPoolExecutor] | None = None
+
+# The producer a caller lends for the sends made meanwhile in this context: Celery's
+# group and chord apply each member holding one producer of the app's pool and pass it
+# on (``apply_async(producer=...)``); taking a second from the pool there would
+# deadlock once as many threads as the pool holds do the same (broker_pool_limit, 10).
+_lent: contextvars.ContextVar[Any] = contextvars.ContextVar("relier_lent_producer", default=None)
+
+
+@contextlib.contextmanager
+def lending(producer: Any) -> Iterator[None]:
+    """The sends made in this context (this thread, this task) use ``producer``, when
+    one is given, instead of one taken from the app's pool. A send deferred past the
+    context (to a transaction's commit) takes its own."""
+    if producer is None:
+        yield
+        return
+    token = _lent.set(producer)
+    try:
+        yield
+    finally:
+        _lent.reset(token)
 
 
 def declare(app: Any, queue: str) -> Any:
@@ -59,6 +82,7 @@ def send(
         args=[encoded if encoded is not None else env.encode()],
         queue=queue or env.queue or None,
         countdown=countdown_s or None,
+        producer=_lent.get(),
         **_options(env),
     )
 
@@ -93,7 +117,7 @@ def send_batch(app: Any, items: Sequence[tuple[Envelope, str]], queue: str) -> b
     carries one fence, and ``start.lua`` starts one fence once.
     """
     declare(app, queue)
-    with app.producer_or_acquire() as producer:
+    with app.producer_or_acquire(_lent.get()) as producer:
         batch = getattr(producer, "batch", None)
         if batch is None:  # kombu < 5.7
             return False
@@ -142,7 +166,7 @@ def message_for_store(app: Any, env: Envelope, encoded: str, store: Any) -> Queu
     acquire = getattr(app, "producer_or_acquire", None)
     if acquire is None:  # not a Celery app: nothing to build the message with
         return None
-    with acquire() as producer:
+    with acquire(_lent.get()) as producer:
         batch_state = getattr(producer, "_batch_local", None)
         if batch_state is None or not _same_address(producer.connection, store):
             return None

@@ -8,18 +8,23 @@ release is ``release``.
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..model import events, outcome
+from ..model import events, outcome, workflow
+from ..model.config import Config
 from ..model.envelope import Envelope
 from ..model.failure import Failure, entry_json
 from ..model.signing import Signer
 from ..model.transition import Transition, history_tail, parse_transition
 from ..store import scripts
 from ..store.keys import KeySpace
+
+logger = logging.getLogger(__name__)
 
 
 def _message_entry_id(raw: object) -> str:
@@ -64,6 +69,7 @@ def dead_letter(
     signer: Signer | None = None,
     stored: StoredTask | None = None,
     held: str = "running",
+    now_ms: int | None = None,
 ) -> scripts.ScriptCall[Transition]:
     """dead_letter.lua. With ``env`` the move is fenced to that incarnation and the
     task's working keys go with it; without, only the entry is written: a message
@@ -81,6 +87,9 @@ def dead_letter(
     any other state is left alone, so a second copy of a message cannot take a task
     from the copy that runs it. A message tied to no task is filed under an id
     derived from its body: a second copy of it finds its entry and adds nothing.
+
+    ``env``'s errbacks (``link_error=``) are created by the same script, dated
+    ``now_ms`` (epoch ms; default: this process's clock).
     """
     idem: str | None = None
     if env is not None:
@@ -107,9 +116,10 @@ def dead_letter(
         error=failure.error,
         worker=failure.worker,
     )
+    errbacks = _errbacks(env, signer, now_ms) if env is not None else []
     return scripts.ScriptCall(
         scripts.DEAD_LETTER,
-        keys.for_dead_letter(task_id, entry_id, idem),
+        keys.for_dead_letter(task_id, entry_id, idem, [str(eb[0]) for eb in errbacks]),
         [
             task_id,
             fence,
@@ -125,6 +135,25 @@ def dead_letter(
             held,
             uuid.uuid4().hex,
             str(env.chord.get("id", "")) if env is not None and env.chord else "",
+            *([len(errbacks)] + [arg for eb in errbacks for arg in eb] if errbacks else []),
         ],
         _told(told),
     )
+
+
+def _errbacks(env: Envelope, signer: Signer | None, now_ms: int | None) -> list[list[scripts.Arg]]:
+    """The errbacks (``link_error=``) the filing of ``env`` creates, as dead_letter.lua
+    takes them: id, envelope, task, queue, resurrection limit, gate (errbacks are
+    ungated: a push refuses one whose task has flow control). The push resolved each
+    one's resurrection limit; an envelope without one gets the default's."""
+    try:
+        found = workflow.errbacks(env, int(time.time() * 1000) if now_ms is None else now_ms)
+    except ValueError:
+        # Only a faulty producer writes one (the checksum held); the filing goes on.
+        logger.warning("errbacks unreadable, none created task_id=%s", env.id, exc_info=True)
+        return []
+    return [
+        [eb.id, eb.encode(signer), eb.task, eb.queue,
+         Config().max_resurrections if limit is None else limit, ""]
+        for eb, limit in found
+    ]  # fmt: skip

@@ -42,6 +42,11 @@ of the workflow, or run a callback without its header's results. An envelope tha
 carries one is written as format 2, which a release that does not
 know workflows refuses (``schema_migration``, into the DLQ, from which it is released
 once every worker is upgraded); every other envelope stays format 1, byte for byte.
+
+``link`` and ``link_error`` (the callbacks a commit creates, the errbacks a filing in
+the DLQ creates) are not ignorable either, for the same reason: an older reader would
+run the task and drop its callbacks. An envelope that carries one is written as
+format 3, which a release that predates them refuses the same way.
 """
 
 from __future__ import annotations
@@ -56,8 +61,9 @@ from typing import Any
 from .errors import EnvelopeError
 from .signing import SignatureInvalid, Signer
 
-FORMAT_VERSION = 2  # the newest format this release reads
+FORMAT_VERSION = 3  # the newest format this release reads
 _CHAIN_FORMAT = 2  # the format of an envelope that carries a chain
+_LINK_FORMAT = 3  # the format of an envelope that carries a link or a link_error
 # Wire keys that are not fields: the checksum and the signature over the rest.
 _CHECKSUM, _SIGNATURE = "sha256", "hmac"
 
@@ -105,6 +111,11 @@ class Envelope:
     # chord's callback: the group id whose header results it takes first.
     chord: Mapping[str, Any] = field(default_factory=dict)
     header: str = ""
+    # Celery's link= and link_error=: the tasks this task's commit creates with its
+    # result, and those its filing in the DLQ creates with its id (workflow.Step.wire()
+    # each).
+    link: tuple[Mapping[str, Any], ...] = ()
+    link_error: tuple[Mapping[str, Any], ...] = ()
     # A token minted once per push (every incarnation keeps it): with the id, the
     # task's identity (:attr:`identity`). Absent from an envelope pushed before it
     # existed, which keeps the id alone as its identity.
@@ -132,15 +143,18 @@ class Envelope:
         else:  # absent, not {}: untraced envelopes stay as they were (module docstring)
             del body["trace"]
         # Absent when empty, as trace: an envelope outside a workflow is unchanged.
-        for name in ("workflow", "chain", "chord", "header", "push"):
+        for name in ("workflow", "chain", "chord", "header", "push", "link", "link_error"):
             if not body[name]:
                 del body[name]
-        if self.chain:
-            body["chain"] = [dict(step) for step in self.chain]
+        for name in ("chain", "link", "link_error"):
+            if body.get(name):
+                body[name] = [dict(step) for step in getattr(self, name)]
         if self.chord:
             body["chord"] = dict(self.chord)
         if self.chain or self.chord or self.header:
             body["v"] = max(self.v, _CHAIN_FORMAT)
+        if self.link or self.link_error:
+            body["v"] = max(self.v, _LINK_FORMAT)
         body.update(self.extra)
         return body
 
@@ -164,7 +178,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "id": str, "task": str, "args": list, "kwargs": dict, "queue": str,
     "idem_key": (str, type(None)), "fence": int, "attempt": int, "resurrections": int,
     "created_ms": int, "schema_version": int, "trace": dict, "workflow": str, "chain": list,
-    "chord": dict, "header": str, "push": str,
+    "chord": dict, "header": str, "push": str, "link": list, "link_error": list,
 }  # fmt: skip
 
 
@@ -293,10 +307,13 @@ def decode(raw: object, signer: Signer | None = None) -> Envelope:
     _check_types(body, raw)
     known = {name: body.pop(name) for name in _WIRE_FIELDS if name in body}
     try:
-        chain = tuple(known.pop("chain", ()))
-        if not all(isinstance(step, dict) for step in chain):
-            raise EnvelopeError("bad envelope: a chain step is not an object", raw=raw,
-                                reason="malformed_message")  # fmt: skip
-        return Envelope(**{**known, "args": tuple(known.get("args", ()))}, chain=chain, extra=body)
+        steps: dict[str, Any] = {
+            name: tuple(known.pop(name, ())) for name in ("chain", "link", "link_error")
+        }
+        for name, found in steps.items():
+            if not all(isinstance(step, dict) for step in found):
+                raise EnvelopeError(f"bad envelope: a {name} step is not an object", raw=raw,
+                                    reason="malformed_message")  # fmt: skip
+        return Envelope(**{**known, "args": tuple(known.get("args", ())), **steps}, extra=body)
     except TypeError as exc:
         raise EnvelopeError(f"bad envelope: {exc}", raw=raw, reason="malformed_message") from exc

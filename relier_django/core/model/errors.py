@@ -72,6 +72,21 @@ class TaskCancelled(TaskFailed):
         return type(self), (self.task_id,)
 
 
+class TaskSuperseded(TaskCancelled):
+    """A debounced task (``push_with(debounce_s=...)``) was superseded, before it was
+    dispatched, by a later push of its debounce key within the window: it never ran,
+    and ``superseded_by`` (the later task's id) runs in its place. A ``TaskCancelled``
+    with reason ``superseded`` (Celery's state ``REVOKED``); it is not in the DLQ."""
+
+    def __init__(self, task_id: str, superseded_by: str) -> None:
+        RelierError.__init__(self, f"task {task_id} was superseded by task {superseded_by}")
+        self.task_id, self.reason, self.error = task_id, "superseded", None
+        self.superseded_by = superseded_by
+
+    def __reduce__(self) -> tuple[type[TaskSuperseded], tuple[str, str]]:  # type: ignore[override]
+        return type(self), (self.task_id, self.superseded_by)
+
+
 class EntryNotReleasable(RelierError):
     """A DLQ entry cannot be released: unknown id, already released, no envelope
     (a malformed message), or its task id is live again. ``reason`` says which."""

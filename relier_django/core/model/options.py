@@ -121,11 +121,6 @@ _CALL_NO_OPS = frozenset(
      "reply_to", "root_id", "parent_id"}
 )  # fmt: skip
 _BEAT_HEADERS = frozenset({"celery_beat_task", "periodic_task_name"})
-_CALL_CANVAS = frozenset({"link", "link_error"})
-_CANVAS_WHY = (
-    "is not supported yet: callbacks (link) need workflows relier can commit with each "
-    f"step; use a chain or a chord instead (canvas: {links.doc('workflows.md')})"
-)
 
 
 def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -136,15 +131,10 @@ def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
         TypeError: an option relier cannot honour yet, or one that means something
             else here; never dropped silently.
     """
-    # The reasons that explain the most come first: a chain passes a dozen options.
-    for group, why in ((_CALL_CANVAS, _CANVAS_WHY),):
-        given = sorted(name for name in group if name in options)
-        if given:
-            raise TypeError(f"apply_async({given[0]}=...) {why}")
     out: dict[str, Any] = {}
     for name, value in options.items():
         if name in ("task_id", "queue", "countdown", "eta", "expires", "chain", "group_id",
-                    "group_index", "chord"):  # fmt: skip
+                    "group_index", "chord", "link", "link_error"):  # fmt: skip
             if value is not None:
                 out[name] = value
         elif name == "headers":
@@ -163,6 +153,7 @@ def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
         else:
             raise TypeError(
                 f"apply_async({name}=...) is not supported by @rl_task tasks; supported: "
-                f"task_id, queue, countdown, eta, expires (see {links.doc('from-celery.md')})"
+                "task_id, queue, countdown, eta, expires, link, link_error "
+                f"(see {links.doc('from-celery.md')})"
             )
     return out

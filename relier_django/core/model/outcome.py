@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from .envelope import canonical
-from .errors import TaskCancelled, TaskFailed
+from .errors import TaskCancelled, TaskFailed, TaskSuperseded
 
 
 def succeeded(result: Any, fence: int) -> str:
@@ -49,12 +49,21 @@ def cancelled(token: str, running: bool) -> str:
     return canonical({"status": "cancelled", "by": token, "running": running})
 
 
+SUPERSEDED = "superseded"
+"""The status of a debounced task superseded by a later push of its key. push.lua
+writes the record itself: ``{"by": <the later task's id>, "of": <sha1 of the
+superseded envelope>, "status": "superseded"}`` (canonical: keys sorted)."""
+
+
 def read(task_id: str, record: str) -> Any:
     """The task's result; ``TaskFailed`` when it was dead-lettered, ``TaskCancelled``
-    when it was cancelled."""
+    when it was cancelled, ``TaskSuperseded`` (a ``TaskCancelled``) when a later
+    debounced push superseded it."""
     data = json.loads(record)
     if data["status"] == "ok":
         return data["result"]
+    if data["status"] == SUPERSEDED:
+        raise TaskSuperseded(task_id, str(data["by"]))
     if data["status"] == "cancelled":
         raise TaskCancelled(task_id)
     raise TaskFailed(task_id, data["reason"], data.get("error"))

@@ -21,8 +21,10 @@ UNSUPPORTED: Mapping[str, str] = {
     "(ctx.task_id) as an argument",
     "expires": "an expiry is checked before the start (a task not started in time is "
     "dead-lettered, reason expired, and never runs); a started task runs to its outcome",
-    "callbacks": "link= is not supported; use a chain",
-    "errbacks": "link_error= is not supported; read failures from the DLQ",
+    "callbacks": "link= callbacks ride in the envelope and are created by the commit; "
+    "they are not readable here",
+    "errbacks": "link_error= errbacks ride in the envelope and are created by the filing "
+    "in the DLQ; they are not readable here",
     "chain": "a chain's next steps ride in the envelope and are created by the commit; "
     "root_id names the workflow",
     "headers": "relier messages carry one envelope and no custom headers; pass values "

@@ -61,6 +61,45 @@ class Timing:
 NOW = Timing()
 
 
+@dataclass(frozen=True, slots=True)
+class Debounce:
+    """A debounced push (``push_with(debounce_s=...)``): it waits ``window_ms``, and a
+    later debounced push of the same key within that wait supersedes it (trailing
+    edge: the last push of a burst runs, with its own arguments).
+
+    Attributes:
+        window_ms: the quiet window, ms: the push is due this long after it is stored.
+        key: the caller's ``debounce_key``; ``None``: the task's arguments are the key.
+    """
+
+    window_ms: int
+    key: str | None = None
+
+
+def debounce(debounce_s: Any = None, debounce_key: Any = None) -> Debounce | None:
+    """``push_with``'s ``debounce_s`` (seconds, or a timedelta) and ``debounce_key`` as
+    a :class:`Debounce`; ``None`` when ``debounce_s`` is not given.
+
+    Raises:
+        TypeError: a value of the wrong type, or ``debounce_key`` without ``debounce_s``.
+        ValueError: a window that is not above 0, NaN or infinite, or past
+            :data:`LATEST_MS`; an empty key.
+    """
+    if debounce_s is None:
+        if debounce_key is not None:
+            raise TypeError("debounce_key= names a debounce window: give debounce_s= too")
+        return None
+    window_ms = _ms("debounce_s", debounce_s)
+    if window_ms <= 0 or time.time() * 1000 + window_ms >= LATEST_MS:
+        raise ValueError(
+            f"debounce_s={debounce_s!r}: a debounce window is above 0 seconds, and ends "
+            f"{BOUNDS_TEXT}"
+        )
+    if debounce_key is not None and not (isinstance(debounce_key, str) and debounce_key):
+        raise TypeError(f"debounce_key= takes a non-empty str, got {debounce_key!r}")
+    return Debounce(window_ms, debounce_key)
+
+
 def timing(
     countdown: Any = None, eta: Any = None, expires: Any = None, now_ms: int | None = None
 ) -> Timing:

@@ -7,6 +7,11 @@ commits, the worker builds the next step's envelope, with the step's result as i
 first argument (as Celery passes it; not for an immutable ``.si()`` signature), and
 ``commit.lua`` stores and queues it in the same script as the commit: a step is never
 done without its successor existing.
+
+Celery's ``link=`` and ``link_error=`` ride in the envelope the same way
+(``Envelope.link``, ``Envelope.link_error``): each callback is created by the commit,
+with the result first (``linked``), and each errback by the filing in the DLQ, with
+the failed task's id first (``errbacks``); each once, whatever the replays.
 """
 
 from __future__ import annotations
@@ -31,13 +36,19 @@ class Step:
     queue: str = ""
     immutable: bool = False
     version: int = 1  # the step task's argument schema, as its producer knew it
+    # An errback's resurrection limit, resolved at push: a filing in the DLQ creates it
+    # where no task registry is at hand (the scanner, the dispatcher). None elsewhere.
+    max_resurrections: int | None = None
 
     def wire(self) -> dict[str, Any]:
-        return {
+        out = {
             "task": self.task, "id": self.id, "args": list(self.args),
             "kwargs": dict(self.kwargs), "queue": self.queue, "immutable": self.immutable,
             "version": self.version,
         }  # fmt: skip
+        if self.max_resurrections is not None:
+            out["maxres"] = self.max_resurrections
+        return out
 
     @classmethod
     def from_wire(cls, raw: Mapping[str, Any]) -> Step:
@@ -48,6 +59,7 @@ class Step:
                 task=raw["task"], id=raw["id"], args=tuple(raw.get("args", ())),
                 kwargs=dict(raw.get("kwargs", {})), queue=raw.get("queue", ""),
                 immutable=bool(raw.get("immutable", False)), version=int(raw.get("version", 1)),
+                max_resurrections=None if raw.get("maxres") is None else int(raw["maxres"]),
             )  # fmt: skip
         except (KeyError, TypeError) as exc:
             raise ValueError(f"a chain step is malformed: {raw!r}") from exc
@@ -123,3 +135,37 @@ def successor(env: Envelope, result: Any, created_ms: int) -> Envelope | None:
         chain=env.chain[1:],
         push=push_token_after(env, step.id),
     )  # fmt: skip
+
+
+def _first_taking(env: Envelope, step: Step, first: Any, created_ms: int) -> Envelope:
+    args = step.args if step.immutable else (first, *step.args)
+    return Envelope(
+        id=step.id, task=step.task, args=args, kwargs=dict(step.kwargs), queue=step.queue,
+        created_ms=created_ms, schema_version=step.version, trace=env.trace,
+        push=push_token_after(env, step.id),
+    )  # fmt: skip
+
+
+def linked(env: Envelope, result: Any, created_ms: int) -> tuple[Envelope, ...]:
+    """The callbacks ``env``'s commit creates (``link=``), each taking ``result`` first
+    unless immutable (``.si()``), as Celery applies them. Each is a task of its own
+    (no workflow): it does not carry ``env``'s chain.
+
+    Raises:
+        ValueError: a link is malformed.
+    """
+    return tuple(_first_taking(env, Step.from_wire(raw), result, created_ms) for raw in env.link)
+
+
+def errbacks(env: Envelope, created_ms: int) -> tuple[tuple[Envelope, int | None], ...]:
+    """The errbacks ``env``'s filing in the DLQ creates (``link_error=``), each taking
+    the failed task's id first unless immutable, with its resurrection limit (resolved
+    at push).
+
+    Raises:
+        ValueError: an errback is malformed.
+    """
+    steps = [Step.from_wire(raw) for raw in env.link_error]
+    return tuple(
+        (_first_taking(env, step, env.id, created_ms), step.max_resurrections) for step in steps
+    )

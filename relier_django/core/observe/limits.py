@@ -2,15 +2,12 @@
 which tasks, the tasks parked per key and how long the oldest has waited, the rate's
 reservations (docs/flow-control.md, "Seeing it").
 
-The store keeps no list of the scopes in use (a scope's keys empty, and so vanish,
-when its tasks are done: G7), so the reader finds them by a ``SCAN`` of the flow
-control keys (``KeySpace.limit_pattern``): a scope in use has its slots hash (every
-parked task waits behind full slots, so a scope with parked tasks has one too), a
-rate its reservation string. A SCAN walks the whole keyspace in steps of ``_STEP``
-keys (one pass, no ``TYPE`` filter: Redis 5 has none); past ``SCAN_LIMIT`` steps the
-reading says it is partial (``truncated``). The figures then take four more round
-trips (the candidates' types, the scopes, their tasks, each line's oldest), on the
-Redis clock.
+The scripts keep the scopes in use in two indexes (``KeySpace.limit_scopes``: a set
+of the scopes with slots held or tasks parked, emptied as they go idle;
+``KeySpace.limit_rates``: rate scopes by when their reservation expires), so the
+reader lists them in one round trip, never by a SCAN of the keyspace, which a metrics
+scrape would pay on every call. The figures then take three more round trips (the
+scopes, their tasks, each line's oldest), on the Redis clock.
 """
 
 from __future__ import annotations
@@ -28,8 +25,6 @@ from ..store.connection import execute_timed, timed_pipeline
 from ..store.keys import KeySpace
 from .live import as_text
 
-SCAN_LIMIT = 1000  # SCAN steps at most (a million keys visited)
-_STEP = 1000
 _SEP = "|"  # model/limits.py's separator between a scope and its key
 
 
@@ -117,7 +112,6 @@ class Limits:
 
     at_ms: int
     scopes: tuple[Scope, ...]  # by scope name
-    truncated: bool  # the SCAN stopped at SCAN_LIMIT steps: scopes may be missing
 
     def scope(self, name: str) -> Scope | None:
         return next((s for s in self.scopes if s.scope == name), None)
@@ -131,34 +125,18 @@ class Limits:
         return found
 
     def to_json(self) -> dict[str, Any]:
-        return {"at_ms": self.at_ms, "truncated": self.truncated,
-                "scopes": [s.to_json() for s in self.scopes]}  # fmt: skip
+        return {"at_ms": self.at_ms, "scopes": [s.to_json() for s in self.scopes]}
 
 
-def _discover(client: redis.Redis, keys: KeySpace) -> tuple[set[str], set[str], bool]:
-    """The scopes with slots held, the rate scopes with reservations, and whether the
-    SCAN stopped early. A parked list's key ends with its user's key, which may itself
-    end in ':run' or ':tat': each candidate's TYPE settles it (only a slots hash is a
-    hash, only a rate's reservation a string, under ``lim:``)."""
-    base = len(keys.limit_pattern()) - 1
-    candidates: list[str] = []
-    cursor, steps, truncated = 0, 0, False
-    while True:
-        cursor, names = client.scan(cursor, match=keys.limit_pattern(), count=_STEP)
-        candidates += [t for t in map(as_text, names) if t.endswith((":run", ":tat"))]
-        steps += 1
-        if not cursor:
-            break
-        if steps >= SCAN_LIMIT:
-            truncated = True
-            break
+def _discover(client: redis.Redis, keys: KeySpace) -> tuple[set[str], set[str]]:
+    """The scopes with slots held or tasks parked, and the rate scopes with a
+    reservation still running, from the two indexes the scripts keep: one round trip,
+    whatever the size of the store."""
     pipe = client.pipeline(transaction=False)
-    for name in candidates:
-        pipe.type(name)
-    kinds = [as_text(k) for k in pipe.execute()] if candidates else []
-    slots = {n[base:-4] for n, k in zip(candidates, kinds, strict=True) if k == "hash"}
-    rates = {n[base:-4] for n, k in zip(candidates, kinds, strict=True) if k == "string"}
-    return slots, rates, truncated
+    pipe.smembers(keys.limit_scopes)
+    pipe.zrange(keys.limit_rates, 0, -1)
+    held, rated = pipe.execute()
+    return {as_text(s) for s in held}, {as_text(s) for s in rated}
 
 
 def read(client: redis.Redis, config: Config, rates: Mapping[str, Rate] | None = None) -> Limits:
@@ -170,10 +148,10 @@ def read(client: redis.Redis, config: Config, rates: Mapping[str, Rate] | None =
     Flow control needs an unpartitioned store: a partitioned one reads as no scopes."""
     keys = KeySpace.of(config)
     if keys.tagged:
-        return Limits(0, (), False)
+        return Limits(0, ())
     known = {f"n:{name}": lim.rate for name, lim in config.named_limits().items() if lim.rate}
     known.update(rates or {})
-    slot_scopes, rate_scopes, truncated = _discover(client, keys)
+    slot_scopes, rate_scopes = _discover(client, keys)
     order = sorted(slot_scopes | rate_scopes)
     pipe = timed_pipeline(client)
     for scope in order:
@@ -222,4 +200,4 @@ def read(client: redis.Redis, config: Config, rates: Mapping[str, Rate] | None =
         if tat is not None and rate is not None:
             next_free = max(now_ms, tat - emission(rate)[1])
         scopes.append(Scope(scope, capacity, tuple(held), tuple(parked), tat, next_free))
-    return Limits(now_ms, tuple(scopes), truncated)
+    return Limits(now_ms, tuple(scopes))

@@ -141,7 +141,7 @@ class Figures:
     extra: Mapping[str, Any] = field(default_factory=dict)
     # Flow control (docs/flow-control.md): the scopes in use, tasks that had to wait
     # by (family, 'slot' | 'rate'), and the parked -> granted wait by family.
-    limits: flow.Limits = field(default_factory=lambda: flow.Limits(0, (), False))
+    limits: flow.Limits = field(default_factory=lambda: flow.Limits(0, ()))
     throttled: Mapping[tuple[str, str], int] = field(default_factory=dict)
     limit_wait: Mapping[str, Histogram] = field(default_factory=dict)
 

@@ -281,6 +281,7 @@ async def adivert(
                 attempt += 1
                 continue
             _failed(spec, env, receipt, attempt, exc, _asked(seen))
+            await asyncio.to_thread(_errbacks, app, env, receipt)
             if chosen.propagates:
                 raise
             return receipt
@@ -289,6 +290,8 @@ async def adivert(
             continue
         if _succeeded(spec, env, receipt, attempt, value):
             await asyncio.to_thread(_next_step, app, env, receipt, chosen.propagates, value)
+        else:
+            await asyncio.to_thread(_errbacks, app, env, receipt)
         return receipt
 
 
@@ -329,6 +332,7 @@ def deliver(
                 attempt += 1
                 continue
             _failed(spec, env, receipt, attempt, exc, _asked(seen))
+            _errbacks(app, env, receipt)
             if propagates:
                 raise
             return receipt
@@ -337,6 +341,8 @@ def deliver(
             continue
         if _succeeded(spec, env, receipt, attempt, value):
             _next_step(app, env, receipt, propagates, value)
+        else:
+            _errbacks(app, env, receipt)
         return receipt
 
 
@@ -352,17 +358,28 @@ def _refuse_chord(env: Envelope) -> None:
 def _next_step(
     app: Any, env: Envelope, receipt: EagerReceipt, propagates: bool, value: Any
 ) -> None:
-    """A chain step that succeeded runs its successor, as a worker's commit creates it."""
-    if not env.chain:
-        return
-    nxt = workflow.successor(env, value, int(time.time() * 1000))
-    assert nxt is not None
-    spec = getattr(app.tasks.get(nxt.task), "relier_spec", None)
+    """A chain step that succeeded runs its successor, and a task its callbacks
+    (``link=``), as a worker's commit creates them."""
+    now_ms = int(time.time() * 1000)
+    nxt = workflow.successor(env, value, now_ms)
+    for task in (*workflow.linked(env, value, now_ms), *([nxt] if nxt else [])):
+        _run_created(app, task, receipt, propagates)
+
+
+def _errbacks(app: Any, env: Envelope, receipt: EagerReceipt) -> None:
+    """A task that failed runs its errbacks (``link_error=``), as its filing in the DLQ
+    creates them; an errback's own failure does not hide the task's."""
+    for errback, _ in workflow.errbacks(env, int(time.time() * 1000)):
+        _run_created(app, errback, receipt, False)
+
+
+def _run_created(app: Any, env: Envelope, receipt: EagerReceipt, propagates: bool) -> None:
+    spec = getattr(app.tasks.get(env.task), "relier_spec", None)
     if not isinstance(spec, TaskSpec):
-        raise TypeError(f"chain step {nxt.task!r} is not an @rl_task of this app")
-    held = EagerReceipt.deferred(nxt.id, receipt.config)
+        raise TypeError(f"linked task {env.task!r} is not an @rl_task of this app")
+    held = EagerReceipt.deferred(env.id, receipt.config)
     assert isinstance(held, EagerReceipt)
-    deliver(spec, app, nxt, held, propagates, now=True)
+    deliver(spec, app, env, held, propagates, now=True)
 
 
 def _at_commit(

@@ -51,6 +51,7 @@ def store(
     token: str | None = None,
     when: Timing = NOW,
     gate: Gate | None = None,
+    debounce: tuple[str, int] | None = None,
 ) -> scripts.ScriptCall[StoreResult]:
     """push.lua: admit (if limited), claim (if idempotent), store, mint fence 1; with
     ``message`` (the broker's list and the message for it), queue it in the same step.
@@ -60,15 +61,19 @@ def store(
     index (``StoreResult.scheduled``; nothing is queued), and an expiry with it.
     ``gate``: the push's flow control (model/limits.py): the task is stored scheduled,
     due at once (or at its countdown), for the leader's dispatch to reserve its rate
-    and its slot or park it."""
+    and its slot or park it. ``debounce``: a debounced push's record key
+    (``KeySpace.debounce``) and RESULT_TTL_S in ms: the task the record names, if it
+    has not been dispatched yet, is superseded by this one in the same step."""
     idem = keys.idempotency(envelope.task, envelope.idem_key) if envelope.idem_key else None
     queued, payload = (message.keys, message.payload) if message is not None else (None, "")
     return scripts.ScriptCall(
         scripts.PUSH,
-        keys.for_push(envelope.id, idem, [limit.key for limit in admission], queued),
+        keys.for_push(envelope.id, idem, [limit.key for limit in admission], queued,
+                      debounce[0] if debounce else None),
         [envelope.id, encoded, envelope.task, envelope.queue, queued_grace_ms, max_resurrections,
          *admission_args(admission), payload, token or uuid.uuid4().hex,
-         *when.script_args(), gate.script_arg() if gate is not None else ""],
+         *when.script_args(), gate.script_arg() if gate is not None else "",
+         debounce[1] if debounce else ""],
         _parse_store,
     )  # fmt: skip
 

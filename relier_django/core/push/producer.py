@@ -34,7 +34,7 @@ from ..model.envelope import Envelope, decode
 from ..model.errors import AdmissionRejected, ConfigError, DuplicateTaskId, PushFailed
 from ..model.idem_key import derive_key
 from ..model.spec import TaskSpec
-from ..model.timing import NOW, Timing
+from ..model.timing import NOW, Debounce, Timing
 from ..store import chords, event_loop, layout, workflows
 from ..store.connection import async_client, sync_client, target
 from ..store.keys import KeySpace
@@ -88,6 +88,8 @@ def prepare(
     chain: Sequence[workflow.Step] = (),
     group_id: str | None = None,
     chord: Mapping[str, Any] | None = None,
+    link: Sequence[workflow.Step] = (),
+    link_error: Sequence[workflow.Step] = (),
 ) -> Envelope:
     """Validate the call and build its first envelope (fence 1). Raises ``TypeError``
     for arguments that do not fit the signature or are not JSON-serialisable, and
@@ -97,6 +99,8 @@ def prepare(
     ``chain``: the steps that follow this task (it is then a workflow's first step).
     ``group_id``: the group this task is a member of (the workflow's identity).
     ``chord``: a chord header member's place (group id, index, callback step).
+    ``link``, ``link_error``: the callbacks its commit creates, the errbacks its filing
+    in the DLQ creates (Celery's ``link=``, ``link_error=``).
 
     A workflow's member (a chain's first step, a group's or a chord header's member)
     claims no idempotency key, whatever its task says: it is identified by the id
@@ -110,12 +114,14 @@ def prepare(
     member = bool(chain or chord or group_id)
     if idem is None and spec.idempotent and not member:
         idem = derive_key(spec.idempotency_key, args, kwargs)
-    task_id = _placed(spec.name, task_id, idem, bool(chain or chord))
+    task_id = _placed(spec.name, task_id, idem, bool(chain or chord or link or link_error))
     return Envelope(
         id=task_id,
         workflow=group_id or (task_id if chain else ""),
         chain=workflow.chain_of(chain),
         chord=dict(chord or {}),
+        link=workflow.chain_of(link),
+        link_error=workflow.chain_of(link_error),
         task=spec.name,
         args=tuple(args),
         kwargs=dict(kwargs),
@@ -146,7 +152,7 @@ def _placed(task: str, task_id: str | None, idem: str | None, in_workflow: bool)
         return task_id or uuid.uuid4().hex
     if in_workflow:
         raise ValueError(
-            f"{task}: chains and chords are not supported on a partitioned store "
+            f"{task}: chains, chords and links are not supported on a partitioned store "
             "(RELIER['PARTITIONS'] > 1 or RELIER['CLUSTER']) yet: a step's commit creates "
             "the next task in one script, and Celery draws that task's id, in any "
             "partition (docs/scaling.md); groups are"
@@ -182,6 +188,8 @@ class _Push:
     record: workflows.Record | None = None
     # Flow control: the slots and rate this push goes through (None: none apply).
     gate: limits.Gate | None = None
+    # A debounced push's record key (KeySpace.debounce); None: not debounced.
+    debounce: str | None = None
 
     @classmethod
     def begin(
@@ -197,9 +205,13 @@ class _Push:
         group_id: str | None = None,
         chord: Mapping[str, Any] | None = None,
         position: int | None = None,
+        link: Sequence[workflow.Step] = (),
+        link_error: Sequence[workflow.Step] = (),
+        debounce: Debounce | None = None,
     ) -> _Push:
         cfg = config.current()
-        env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id, chord)
+        env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id, chord,
+                      link, link_error)  # fmt: skip
         encoded = env.encode(cfg.signer)
         arguments.check_size(spec, args, kwargs, encoded, cfg.arguments_max_bytes)
         record = _record_of(env, position)
@@ -212,7 +224,9 @@ class _Push:
                 "unpartitioned store (PARTITIONS = 1, no CLUSTER): a freed slot is handed "
                 "to the next task in the same step, which one server does (docs/flow-control.md)"
             )
-        return cls(cfg, spec, env, encoded, keys, when=when, record=record, gate=gate)
+        record_key = _debounced(spec, keys, args, kwargs, debounce)
+        return cls(cfg, spec, env, encoded, keys, when=when, record=record, gate=gate,
+                   debounce=record_key)  # fmt: skip
 
     def store(self, message: publish.Queued | None) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
@@ -223,6 +237,7 @@ class _Push:
         return idempotency.store(
             self.keys, self.env, self.encoded, grace_ms, limit, gates, message,
             token=self.token, when=self.when, gate=self.gate,
+            debounce=(self.debounce, self.cfg.result_ttl_s * 1000) if self.debounce else None,
         )  # fmt: skip
 
     def _limits(self) -> tuple[admission.Limit, ...]:
@@ -359,6 +374,40 @@ class _Push:
         return receipt
 
 
+def _debounced(
+    spec: TaskSpec,
+    keys: KeySpace,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    debounce: Debounce | None,
+) -> str | None:
+    """A debounced push's record key (None: not debounced): its ``debounce_key``, else
+    its arguments, under the task's name.
+
+    Raises:
+        ConfigError: a partitioned store (push.lua reaches the superseded task's keys
+            from the record, which one server does).
+        ValueError: an idempotent task: a second push of the same arguments would be
+            its first's duplicate, never superseding it.
+    """
+    if debounce is None:
+        return None
+    if keys.tagged:
+        raise ConfigError(
+            f"{spec.name}: debounce_s= needs an unpartitioned store (PARTITIONS = 1, no "
+            "CLUSTER): a push supersedes the task its window waits for in one step, which "
+            "one server does (docs/flow-control.md)"
+        )
+    if spec.idempotent:
+        raise ValueError(
+            f"{spec.name} is idempotent: a push with the same arguments is the first one's "
+            "duplicate and supersedes nothing; debounce a task that is not idempotent "
+            "(docs/flow-control.md)"
+        )
+    key = debounce.key if debounce.key is not None else derive_key(None, args, kwargs)
+    return keys.debounce(spec.name, key)
+
+
 def _record_of(env: Envelope, position: int | None) -> workflows.Record | None:
     """What this push adds to its workflow's record (None: it is in no workflow)."""
     if env.chord:
@@ -393,12 +442,17 @@ def push(
     group_id: str | None = None,
     chord: Mapping[str, Any] | None = None,
     position: int | None = None,
+    link: Sequence[workflow.Step] = (),
+    link_error: Sequence[workflow.Step] = (),
+    debounce: Debounce | None = None,
 ) -> Receipt:
     """Sync push. See ``RelierTask.push`` and ``RelierTask.push_with`` for the guarantees.
     ``chain``: the steps that follow, each created by the commit of the one before.
     ``group_id``: the Celery group this push is a member of; ``chord``: its place in a
     chord's header (the commit that completes the header creates the callback);
-    ``position``: its place in the group (for the workflow's record)."""
+    ``position``: its place in the group (for the workflow's record); ``link``,
+    ``link_error``: its callbacks and errbacks (see :func:`prepare`); ``debounce``: a
+    debounced push (``when`` is then its window as a countdown)."""
     if event_loop.in_running_loop():
         raise RuntimeError(
             f"{spec.name}.push() was called inside a running event loop, where it would "
@@ -408,7 +462,7 @@ def push(
         # Validation comes first, inside the caller's transaction: bad input raises now.
         p = _Push.begin(
             spec, args, kwargs, task_id, queue, when, idempotency_key, chain, group_id, chord,
-            position,
+            position, link, link_error, debounce,
         )  # fmt: skip
         tracing.annotate(p.env)
         # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).
@@ -435,6 +489,7 @@ async def apush(
     idempotency_key: str | None = None,
     on_commit: bool = True,
     using: str | None = None,
+    debounce: Debounce | None = None,
 ) -> Receipt:
     """Async push: the same steps as :func:`push`, without blocking the event loop.
 
@@ -447,7 +502,8 @@ async def apush(
     call that waits for it.
     """
     with tracing.push_span(spec.name):
-        p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key)
+        p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key,
+                        debounce=debounce)  # fmt: skip
         tracing.annotate(p.env)
         hook = _transaction_hook if on_commit else None
         if (diverted := await eager.adivert(spec, app, p.env, p.cfg, hook, using)) is not None:
@@ -502,6 +558,8 @@ class PushWith:
         using: the database alias whose transaction to wait for; ``None`` is Django's
             default database.
         when: the countdown, eta and expiry (see ``model.timing.timing``).
+        debounce: a debounced push (``model.timing.debounce``); ``when`` then holds its
+            window as the countdown.
     """
 
     spec: TaskSpec = field(repr=False)
@@ -509,6 +567,7 @@ class PushWith:
     on_commit: bool = True
     using: str | None = None
     when: Timing = NOW
+    debounce: Debounce | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.on_commit, bool):
@@ -525,14 +584,14 @@ class PushWith:
         """Like ``task.push(*args, **kwargs)``, with these options."""
         return push(
             self.spec, self.app, args, kwargs, when=self.when, on_commit=self.on_commit,
-            using=self.using,
+            using=self.using, debounce=self.debounce,
         )  # fmt: skip
 
     async def apush(self, *args: Any, **kwargs: Any) -> Receipt:
         """Like ``await task.apush(*args, **kwargs)``, with these options."""
         return await apush(
             self.spec, self.app, args, kwargs, when=self.when, on_commit=self.on_commit,
-            using=self.using,
+            using=self.using, debounce=self.debounce,
         )  # fmt: skip
 
 

@@ -42,6 +42,8 @@ exactly the unpartitioned one: ``<p>`` is the prefix.
 | ``<p>:lim:<scope>:ring``    | list   | the keys with parked tasks, in turn order; empties      |
 | ``<p>:lim:<scope>:w:<key>`` | list   | the ids parked under one key, in push order; empties    |
 | ``<p>:lim:<scope>:tat``     | string | a rate's theoretical arrival time (ms); TTL past it     |
+| ``<p>:lim_scopes``          | set    | the scopes with slots held or tasks parked; empties     |
+| ``<p>:lim_rates``           | zset   | rate scope -> its reservation's expiry (ms); TTL        |
 | ``<p>:m``                   | hash   | metrics: counters, histogram buckets; no TTL, bounded   |
 | ``<p>:m:w``                 | hash   | metrics: per-minute (120) and per-hour (80) ring slots  |
 | ``<p>:workers``             | zset   | worker main process id -> liveness deadline (ms)        |
@@ -238,6 +240,13 @@ class KeySpace:
     def expiry(self) -> str:
         return f"{self._whole('expiry').prefix}:expiry"
 
+    def debounce(self, task_name: str, key: str) -> str:
+        # A debounced push's record: the id of the task its window waits for. Hashed
+        # like an idempotency key; push.lua reads the task's own keys from it, so
+        # unpartitioned stores only (as flow control).
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return f"{self.prefix}:db:{task_name}:{digest}"
+
     @property
     def schedule(self) -> str:
         return f"{self._whole('schedule').prefix}:sched"
@@ -315,6 +324,16 @@ class KeySpace:
     def limit_rate(self, scope: str) -> str:
         return f"{self.prefix}:lim:{scope}:tat"
 
+    @property
+    def limit_scopes(self) -> str:
+        """Set: the scopes with slots held or tasks parked (_limits.lua keeps it)."""
+        return f"{self.prefix}:lim_scopes"
+
+    @property
+    def limit_rates(self) -> str:
+        """Zset: rate scope -> when its reservation expires, ms (_limits.lua)."""
+        return f"{self.prefix}:lim_rates"
+
     def limit_pattern(self) -> str:
         """A SCAN pattern matching every flow-control key."""
         return f"{self.prefix}:lim:*"
@@ -370,6 +389,8 @@ class KeySpace:
             self.lock_by("*"),
             self._pattern("rcpt:*"),
             self._pattern("lim:*:tat"),  # a rate's next emission time (_limits.lua)
+            self._pattern("lim_rates"),  # expires with the last reservation
+            self._pattern("db:*"),  # a debounce record left by a cancel (push.lua)
         )
 
     def owned_patterns(self) -> tuple[str, ...]:
@@ -414,15 +435,19 @@ class KeySpace:
         idem_key: str | None,
         admission: Sequence[str] = (),
         queue_list: tuple[str, str] | None = None,
+        debounce: str | None = None,
     ) -> list[str]:
         """``queue_list``: the broker's list and its doorbell (kombu's names, not ours)
-        when push.lua queues the message itself."""
+        when push.lua queues the message itself. ``debounce``: a debounced push's
+        record (:meth:`debounce`)."""
         p = self._with(task_id, idem_key)
         keys = [p.task(task_id), p.history(task_id), p.expiry, p.dlq_entry(task_id),
                 p.result(task_id), p.schedule, p.schedule_wake, *p._counted(),
                 *admission]  # fmt: skip
         if idem_key:
             keys.append(idem_key)
+        if debounce:
+            keys.append(debounce)
         return [*keys, *queue_list] if queue_list else keys
 
     def for_abort(self, task_id: str, idem_key: str | None) -> list[str]:
@@ -480,15 +505,23 @@ class KeySpace:
         successor: str | None = None,
         queue_list: tuple[str, str] | None = None,
         chord: str | None = None,
+        links: Sequence[str] = (),
     ) -> list[str]:
         """``successor``: the id of the task this commit creates: a chain's next step,
         or (with ``chord``, the group id) a chord's callback, once the header is
         complete. ``queue_list``: the broker list its message is pushed to and that
-        list's doorbell, when the script pushes it."""
-        p = self._with(task_id, idem_key, successor, chord)
+        list's doorbell, when the script pushes it. ``links``: the ids of the callbacks
+        (``link=``) it creates too."""
+        p = self._with(task_id, idem_key, successor, chord, *links)
         none = p.absent
         keys = [p.task(task_id), p.history(task_id), p.expiry, p.result(task_id),
                 *p._counted()]  # fmt: skip
+        if links:
+            trail = p.trail(task_id) if keep_trail else none
+            nxt = [p.task(successor), p.result(successor)] if successor else [none, none]
+            return [*keys, idem_key or none, trail, *nxt, *(queue_list or (none, none)),
+                    p.chord(chord) if chord else none,
+                    *(key for link in links for key in (p.task(link), p.result(link)))]  # fmt: skip
         if successor is not None:
             trail = p.trail(task_id) if keep_trail else none
             tail = [p.chord(chord)] if chord else []
@@ -588,8 +621,11 @@ class KeySpace:
         keys = self._released(entry_id, task_id)
         return [*keys, idem_key] if idem_key else keys
 
-    def for_dead_letter(self, task_id: str, entry_id: str, idem_key: str | None) -> list[str]:
-        p = self._with(task_id, entry_id, idem_key)
+    def for_dead_letter(
+        self, task_id: str, entry_id: str, idem_key: str | None, errbacks: Sequence[str] = ()
+    ) -> list[str]:
+        """``errbacks``: the ids of the errbacks (``link_error=``) the filing creates."""
+        p = self._with(task_id, entry_id, idem_key, *errbacks)
         keys = [
             p.task(task_id),
             p.history(task_id),
@@ -601,6 +637,9 @@ class KeySpace:
             p.dlq_counts,
             *p._counted(),
         ]
+        if errbacks:
+            return [*keys, idem_key or p.absent,
+                    *(key for eb in errbacks for key in (p.task(eb), p.result(eb)))]  # fmt: skip
         return [*keys, idem_key] if idem_key else keys
 
     def for_dlq_delete(

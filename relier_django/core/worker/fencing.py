@@ -122,6 +122,24 @@ class Successor:
     gate: str = ""  # its flow control (limits.Gate.script_arg), '' for none
 
 
+@dataclass(frozen=True, slots=True)
+class Linked:
+    """A task created by another's ending (``link=``: by its commit; ``link_error=``: by
+    its filing in the DLQ): its envelope (fence 1) as stored, its resurrection limit
+    and its flow-control gate (``limits.Gate.script_arg``, '' for none). The scanner
+    leader dispatches it; the script that creates it publishes nothing."""
+
+    env: Envelope
+    encoded: str
+    max_resurrections: int
+    gate: str = ""
+
+    def script_args(self) -> list[scripts.Arg]:
+        """Its six ARGV entries, as _links.lua's callers take them."""
+        nxt = self.env
+        return [nxt.id, self.encoded, nxt.task, nxt.queue, self.max_resurrections, self.gate]
+
+
 def commit(
     keys: KeySpace,
     env: Envelope,
@@ -129,11 +147,15 @@ def commit(
     result_ttl_ms: int,
     keep_trail: bool = False,
     successor: Successor | None = None,
+    links: Sequence[Linked] = (),
 ) -> scripts.ScriptCall[Transition]:
     """``keep_trail``: keep the task hash and history (``keys.trail``) with the result.
-    ``successor``: the next step of a chain, created by the same script."""
+    ``successor``: the next step of a chain, created by the same script. ``links``: the
+    callbacks (``link=``) created by the same script."""
     idem = keys.idempotency(env.task, env.idem_key) if env.idem_key else None
     args: list[scripts.Arg] = [env.id, env.fence, record, result_ttl_ms]
+    if links:
+        return _commit_linked(keys, env, idem, args, keep_trail, successor, links)
     if successor is None:
         return scripts.ScriptCall(
             scripts.COMMIT, keys.for_commit(env.id, idem, keep_trail), args, parse_transition
@@ -155,6 +177,38 @@ def commit(
         args,
         parse_transition,
     )
+
+
+def _commit_linked(
+    keys: KeySpace, env: Envelope, idem: str | None, args: list[scripts.Arg],
+    keep_trail: bool, successor: Successor | None, links: Sequence[Linked],
+) -> scripts.ScriptCall[Transition]:  # fmt: skip
+    """commit.lua with callbacks: every successor argument given ('' when unused)."""
+    message = successor.message if successor is not None else None
+    if successor is None:
+        args += [""] * 11
+    else:
+        nxt = successor.env
+        args += [nxt.id, successor.encoded, nxt.task, nxt.queue, successor.grace_ms,
+                 successor.max_resurrections, message.payload if message else ""]  # fmt: skip
+        if successor.chord is not None:
+            args += [successor.index, successor.result, chords.KEEP_MS]
+        else:
+            args += ["", "", ""]
+        args.append(successor.gate)
+    args.append(len(links))
+    for link in links:
+        args += link.script_args()
+    return scripts.ScriptCall(
+        scripts.COMMIT,
+        keys.for_commit(
+            env.id, idem, keep_trail, successor.env.id if successor else None,
+            message.keys if message else None, successor.chord if successor else None,
+            [link.env.id for link in links],
+        ),
+        args,
+        parse_transition,
+    )  # fmt: skip
 
 
 def retry(

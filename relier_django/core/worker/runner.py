@@ -71,6 +71,8 @@ class _Commit:
     # The successor's flow control (its gate's script argument, '' for none): a gated
     # successor is stored to wait for its slot or its rate, never queued by the commit.
     gate: str = ""
+    # The callbacks (link=) the commit creates, each with the result first.
+    links: tuple[fencing.Linked, ...] = ()
 
     @property
     def successor(self) -> Envelope | None:
@@ -195,7 +197,7 @@ class Runner:
                 )
             done = fencing.commit(
                 self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail,
-                self._successor(action, message),
+                self._successor(action, message), action.links,
             ).run(client)  # fmt: skip
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 checkpoint.remove_files(self.config.checkpoint_dir, env.id)
@@ -350,22 +352,34 @@ class Runner:
         record = self._record(result, env.fence)
         if isinstance(record, Failure):
             return _Dead(record)
+        now_ms = int(time.time() * 1000)
         try:
-            nxt = workflow.following(env, result, int(time.time() * 1000))
+            nxt = workflow.following(env, result, now_ms)
+            links = tuple(self._linked(link) for link in workflow.linked(env, result, now_ms))
         except ValueError as exc:  # only a faulty producer writes such a workflow
             detail = f"the workflow after this step cannot be read: {exc}"
             return _Dead(
-                Failure(Reason.MALFORMED_MESSAGE, "ValueError", detail, worker=self.worker)
+                Failure(Reason.MALFORMED_MESSAGE, type(exc).__name__, detail, worker=self.worker)
             )
         if nxt is None:
-            return _Commit(record)
+            return _Commit(record, links=links)
         try:
             gate = self._gate(nxt.env)
         except ValueError as exc:  # a ConfigError too: a limit= the settings lack
             detail = f"the workflow's next step {nxt.env.task} cannot be gated: {exc}"
             return _Dead(Failure(Reason.MALFORMED_MESSAGE, type(exc).__name__, detail,
                                  worker=self.worker))  # fmt: skip
-        return _Commit(record, nxt, nxt.env.encode(self.signer), gate)
+        return _Commit(record, nxt, nxt.env.encode(self.signer), gate, links)
+
+    def _linked(self, link: Envelope) -> fencing.Linked:
+        """A callback as the commit creates it. Raises ValueError (a ConfigError too)
+        when its flow control cannot be read."""
+        spec = getattr(self.app.tasks.get(link.task), "relier_spec", None)
+        limit = getattr(spec, "max_resurrections", None)
+        return fencing.Linked(
+            link, link.encode(self.signer),
+            self.config.max_resurrections if limit is None else limit, self._gate(link),
+        )  # fmt: skip
 
     def _gate(self, nxt: Envelope) -> str:
         """The successor's flow-control gate, as commit.lua takes it ('' for none). On
@@ -425,7 +439,7 @@ class Runner:
                 )
             done = await fencing.commit(
                 self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail,
-                self._successor(action, message),
+                self._successor(action, message), action.links,
             ).arun(self.client)  # fmt: skip
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)

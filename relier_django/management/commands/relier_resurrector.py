@@ -37,7 +37,11 @@ class Command(BaseCommand):
         _credentials_accepted(cfg)
         scanner = Scanner(current_app, cfg, f"{socket.gethostname()}:{os.getpid()}:command")
         if once:
-            report = scanner.tick()
+            try:
+                report = scanner.tick()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                # One pass was asked for: an outage is the answer, not something to wait out.
+                raise CommandError(f"cannot reach Redis at {conf.redis_location()}: {exc}") from exc
             if report is None:
                 self.stdout.write("Another scanner holds the leader lease; nothing done.")
                 scanner.release()

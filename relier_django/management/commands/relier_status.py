@@ -107,8 +107,7 @@ def _limits(f: Figures) -> list[str]:
     parked = sum(s.parked_total for s in scopes)
     lines = [
         "",
-        f"limits: {len(scopes)} scope(s) in use, {used} slot(s) held, {parked} parked"
-        + ("   (scan truncated)" if f.limits.truncated else ""),
+        f"limits: {len(scopes)} scope(s) in use, {used} slot(s) held, {parked} parked",
     ]
     busiest = sorted(scopes, key=lambda s: (-s.parked_total, -s.in_use, s.scope))
     for s in busiest[:SCOPES_LISTED]:

@@ -15,6 +15,11 @@
 --   P:lim:S:ring   list of the keys with parked tasks, in turn order
 --   P:lim:S:w:<k>  list of the task ids parked under key k, in push order
 --   P:lim:R:tat    string, the rate scope R's theoretical arrival time (GCRA), ms
+--   P:lim_scopes   set, the scopes with slots held or tasks parked (readers list them
+--                  from here, never by a SCAN): added at a grant or a park, removed
+--                  once the scope's slots and turn list are both empty
+--   P:lim_rates    zset, rate scope -> when its reservation expires (ms): pruned at
+--                  each reservation, the key itself expiring with the last one
 -- Every one of them empties (and so vanishes) or expires by itself: no key is left
 -- behind when the tasks are done (G7).
 -- A slot is the task's from its grant to its end (commit, DLQ, cancel): a resurrected
@@ -33,6 +38,18 @@ end
 
 local function limit_key(prefix, scope, what)
   return prefix .. ':lim:' .. scope .. ':' .. what
+end
+
+-- The scope is in use: readers find it in P:lim_scopes.
+local function limit_in_use(prefix, scope)
+  redis.call('SADD', prefix .. ':lim_scopes', scope)
+end
+
+-- The scope's last slot freed and its turn list empty: it leaves P:lim_scopes.
+local function limit_maybe_idle(prefix, scope)
+  if redis.call('EXISTS', limit_key(prefix, scope, 'run'), limit_key(prefix, scope, 'ring')) == 0 then
+    redis.call('SREM', prefix .. ':lim_scopes', scope)
+  end
 end
 
 local function limit_family(scope)
@@ -101,12 +118,14 @@ local function limit_release(prefix, hash, id, now_text, mkey)
     if redis.call('LLEN', parked) == 0 then
       redis.call('LREM', limit_key(prefix, g[1], 'ring'), 0, g[2] or '')
     end
+    limit_maybe_idle(prefix, g[1])
     return
   end
   if g[4] == '1' then
     redis.call('HDEL', limit_key(prefix, g[1], 'run'), id)
     redis.call('HSET', hash, 'lim_h', '0')
     limit_hand_over(prefix, g[1], tonumber(g[3]), now_text, mkey)
+    limit_maybe_idle(prefix, g[1])
   end
 end
 
@@ -116,6 +135,7 @@ end
 -- order, and by the leader's dispatch for a task that was due later.
 local function limit_take_slot(prefix, hash, id, scope, key, capacity, fence, now_ms, mkey)
   local run = limit_key(prefix, scope, 'run')
+  limit_in_use(prefix, scope)
   if redis.call('HLEN', run) < capacity then
     redis.call('HSET', run, id, fence)
     redis.call('HSET', hash, 'lim_h', '1')
@@ -143,8 +163,14 @@ local function limit_gate(prefix, hash, id, now_ms, mkey)
     local interval, burst = tonumber(g[6]), tonumber(g[7])
     local tat = math.max(tonumber(redis.call('GET', tat_key) or '0'), now_ms)
     local at = math.max(now_ms, tat - burst)
+    local expires = tat + interval + 1000
     redis.call('SET', tat_key, string.format('%d', tat + interval), 'PX',
-      string.format('%d', tat + interval - now_ms + 1000))
+      string.format('%d', expires - now_ms))
+    local rates = prefix .. ':lim_rates'
+    redis.call('ZADD', rates, string.format('%d', expires), g[5])
+    redis.call('ZREMRANGEBYSCORE', rates, '-inf', string.format('(%d', now_ms))
+    local last = redis.call('ZRANGE', rates, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIRE', rates, string.format('%d', tonumber(last[2]) - now_ms))
     redis.call('HSET', hash, 'rt_h', '1')
     if at > now_ms then
       redis.call('ZADD', prefix .. ':sched', string.format('%d', at), id)

@@ -48,21 +48,32 @@
 --          as push.lua stores a gated push, never queued here: it takes a slot of its
 --          scope or waits in its key's line, and the scanner leader dispatches it
 --          through its rate (schedule_take.lua), so a workflow's step keeps its limits.
+-- Celery's link= (callbacks, any number, created with the commit as a chain's step is):
+-- ARGV[16] n, the number of callbacks (absent: 0); with n > 0, ARGV[5..15] and
+--          KEYS[7..13] are all given ('' each when unused: no successor, no chord)
+-- ARGV[17+6i .. 22+6i] callback i (0-based): its id, its envelope (fence 1), its task
+--          name, its queue, its max resurrections, its flow-control gate ('' for none)
+-- KEYS[14+2i], KEYS[15+2i] callback i's task hash and result key
+-- Each callback is created once, as _links.lua says (stored due now for the scanner
+-- leader's dispatch), by the call that commits; a replay creates nothing more.
 -- A gated task's slot is freed and handed to the next parked task (_limits.lua, G14).
 -- Counts: 'committed' and the minute's and hour's 'ok' once per task; 'stale' per refused
 -- call (a zombie's commit; a client retry of a refused call counts again).
 -- @include _metrics
 -- @include _clock
 -- @include _limits
+-- @include _links
 local id = ARGV[1]
+local chord_key = (KEYS[13] and KEYS[13] ~= '') and KEYS[13] or nil
+local first_next = (ARGV[5] and ARGV[5] ~= '') and ARGV[5] or nil
 local fields = redis.call('HMGET', KEYS[1], 'fence', 'state', 'lim')
 if fields[1] ~= ARGV[2] or fields[2] ~= 'running' then
   if not fields[1] and redis.call('GET', KEYS[4]) == ARGV[3] then
     -- A replay: whether the first call created the successor is still readable.
     local created = 0
-    if ARGV[5] and KEYS[13] then
-      created = redis.call('HGET', KEYS[13], 'fired') == id and 1 or 0
-    elseif ARGV[5] then
+    if first_next and chord_key then
+      created = redis.call('HGET', chord_key, 'fired') == id and 1 or 0
+    elseif first_next then
       created = (redis.call('EXISTS', KEYS[9]) + redis.call('EXISTS', KEYS[10]) > 0) and 1 or 0
     end
     return {1, created}
@@ -91,10 +102,10 @@ else
   redis.call('DEL', KEYS[1], KEYS[2])
 end
 redis.call('ZREM', KEYS[3], id)
-local next_id = ARGV[5]
+local next_id = first_next
 local created = 0
-if next_id and KEYS[13] then
-  local chord = KEYS[13]
+if next_id and chord_key then
+  local chord = chord_key
   local fresh = redis.call('EXISTS', chord) == 0
   redis.call('HSET', chord, 'r:' .. ARGV[12], ARGV[13])
   -- A state sealed once every member existed (chords.seal: no TTL) stays so; before,
@@ -134,6 +145,12 @@ if next_id and redis.call('EXISTS', KEYS[9]) == 0 and redis.call('EXISTS', KEYS[
   end
   metric_count(KEYS[5], 'pushed')
   created = 1
+end
+local links = tonumber(ARGV[16] or '0') or 0
+for i = 0, links - 1 do
+  local a = 17 + 6 * i
+  link_create(KEYS[3], KEYS[14 + 2 * i], KEYS[15 + 2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2],
+    ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], now_ms, now_text, KEYS[5])
 end
 metric_count(KEYS[5], 'committed')
 if KEYS[6] ~= '' then

@@ -27,6 +27,14 @@
 -- ARGV[14] a chord's header member: the chord's group id, kept on the entry (field
 --          'chord') so that deleting the entry gives the chord's state its TTL back
 --          (dlq_delete.lua); '' or absent otherwise
+-- Celery's link_error= (errbacks, created when a fenced task is filed, with the filing):
+-- ARGV[15] n, the number of errbacks (absent: 0); with n > 0, KEYS[11] and ARGV[14] are
+--          given ('' when unused)
+-- ARGV[16+6i .. 21+6i] errback i (0-based): its id, its envelope (fence 1), its task
+--          name, its queue, its max resurrections, its flow-control gate ('' for none)
+-- KEYS[12+2i], KEYS[13+2i] errback i's task hash and result key
+-- Each errback is created once, as _links.lua says: by the filing call (a replay of it
+-- answers before, from its token), and never while its id has a task or a result.
 -- The task's latest checkpoint (field 'partial') moves into the entry, and release.lua
 -- gives it to the next incarnation. A gated task's slot is freed and handed to the next
 -- parked task of its scope (_limits.lua, G14).
@@ -41,6 +49,7 @@
 -- @include _dlq_index
 -- @include _metrics
 -- @include _limits
+-- @include _links
 local id = ARGV[1]
 local fenced = ARGV[2] ~= ''
 local gated = false
@@ -96,6 +105,12 @@ if fenced then
   end
   redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('ZREM', KEYS[3], id)
+  local now_text = string.format('%d', now_ms)
+  for i = 0, (tonumber(ARGV[15] or '0') or 0) - 1 do
+    local a = 16 + 6 * i
+    link_create(KEYS[3], KEYS[12 + 2 * i], KEYS[13 + 2 * i], ARGV[a], ARGV[a + 1],
+      ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], now_ms, now_text, KEYS[9])
+  end
 end
 metric_count(KEYS[9], 'dlq:' .. ARGV[9])
 metric_window(KEYS[10], now_ms, 'dlq')

@@ -44,6 +44,10 @@
 --             'parked' in its key's line (push order); then, or at its countdown, it
 --             is stored 'scheduled' for the leader's dispatch (schedule_take.lua),
 --             which reserves its rate (and the slot of one due later) (G14; _limits.lua)
+-- ARGV[15+2n] debounce (push_with(debounce_s=...)): RESULT_TTL_S in ms, or '' for a
+--             push that is not debounced. Given, KEYS[#KEYS] is the debounce record
+--             <p>:db:<task>:<sha256 of the key> (after any queue list; a debounced push
+--             is due later, so it has none): see the debounce block below.
 -- A task due later than now is stored 'scheduled' in the schedule index instead of the
 -- expiry index, and not queued (the message, if given, is not pushed): the scanner
 -- leader dispatches it when due (G11). The earliest due time wakes the leader.
@@ -80,6 +84,14 @@ if message and message ~= '' then
   queue_list, bell = KEYS[last - 1], KEYS[last]
   last = last - 2
 end
+-- >>> debounce (1/3): the record's key -----------------------------------------------
+local debounce_ttl = tonumber(ARGV[15 + 2 * n] or '')
+local record
+if debounce_ttl then
+  record = KEYS[last]
+  last = last - 1
+end
+-- <<< debounce (1/3) -------------------------------------------------------------------
 local idem
 if last >= 10 + n then
   idem = KEYS[10 + n]
@@ -97,6 +109,13 @@ if redis.call('EXISTS', KEYS[1], KEYS[4], KEYS[5]) > 0 then
     end
     return {-1, id}
   end
+  -- >>> debounce (2/3): a client retry of a push that a later one has superseded since
+  -- finds its own envelope's digest in the outcome record, and is answered as before.
+  local kept = debounce_ttl and redis.call('GET', KEYS[5])
+  if kept and string.find(kept, '"of":"' .. redis.sha1hex(ARGV[2]) .. '"', 1, true) then
+    return {1, id, 1}
+  end
+  -- <<< debounce (2/3) -----------------------------------------------------------------
   return {redis.call('EXISTS', KEYS[4]) == 1 and -2 or -4, id}
 end
 if idem then
@@ -128,6 +147,36 @@ redis.call('HSET', KEYS[1],
   'attempt', '1', 'res', '0', 'name', ARGV[3], 'queue', ARGV[4], 'idem', idem or '',
   'created_ms', now_text, 'maxres', ARGV[6], 'pushers', '1', pusher, '1')
 metric_count(KEYS[8], 'pushed')
+-- >>> debounce (3/3): supersede the task the record names, if it is still waiting -------
+-- The record names the last debounced push of its key. That task, not dispatched yet
+-- (fence 1, 'scheduled' or 'parked': schedule_take.lua deletes the record when it
+-- leases it), is removed in this step and its outcome recorded 'superseded' (by this
+-- task, with its own envelope's digest for a client retry of its push): of a burst
+-- within the window, only the last runs. One already dispatched is left alone: this
+-- push starts a new window. Its keys are built as keys.py's task/history/result build
+-- them, so debounce needs an unpartitioned store (the producer refuses it otherwise).
+if record then
+  local prev = redis.call('GET', record)
+  if prev and prev ~= id then
+    local prefix = limit_prefix(KEYS[3])
+    local hash = prefix .. ':t:{' .. prev .. '}'
+    local p = redis.call('HMGET', hash, 'state', 'fence', 'env', 'lim')
+    if (p[1] == 'scheduled' or p[1] == 'parked') and p[2] == '1' then
+      if p[4] and p[4] ~= '' then
+        limit_release(prefix, hash, prev, now_text, KEYS[8])
+      end
+      redis.call('DEL', hash, prefix .. ':h:{' .. prev .. '}')
+      redis.call('ZREM', KEYS[6], prev)
+      redis.call('SET', prefix .. ':r:{' .. prev .. '}', '{"by":"' .. id .. '","of":"'
+        .. redis.sha1hex(p[3]) .. '","status":"superseded"}', 'PX', debounce_ttl)
+    end
+  end
+  -- Outlives the task's due time by RESULT_TTL_S: a record still there past it (its
+  -- task cancelled, or every scanner down) names a task the GET above finds gone.
+  redis.call('SET', record, id, 'PX', math.floor((due or now_ms) - now_ms + debounce_ttl))
+  redis.call('HSET', KEYS[1], 'db', record)
+end
+-- <<< debounce (3/3) -------------------------------------------------------------------
 if gate ~= '' then
   local scope, key, capacity = limit_store_gate(KEYS[1], gate)
   -- Due at once: its slot now, or its place in its key's line, in push order (one due

@@ -23,6 +23,8 @@
 -- A gated task (fields 'lim' or 'rt') due and not expired goes through its gate first:
 -- its rate may make it due later ({0, 'not_due'}, at its reserved time), its scope may
 -- park it; otherwise it is leased with its slot held.
+-- A debounced task (field 'db', push.lua) leased here deletes its debounce record if
+-- the record still names it (a key read from the hash: unpartitioned stores only).
 -- A replay of this call after a lost reply finds each task it took by the token (field
 -- 'lease') and answers as the first call did.
 -- @include _metrics
@@ -36,7 +38,7 @@ local replies = {}
 for i = 3, #ARGV do
   local id, hash = ARGV[i], KEYS[i]
   local f = redis.call('HMGET', hash, 'fence', 'env', 'state', 'name', 'queue', 'idem',
-    'expires_ms', 'lease', 'lim', 'rt')
+    'expires_ms', 'lease', 'lim', 'rt', 'db')
   local expired = (f[7] and tonumber(f[7]) < now_ms) and 1 or 0
   local reply
   if f[8] == ARGV[2] and f[3] == 'queued' then
@@ -60,6 +62,9 @@ for i = 3, #ARGV do
       reply = {0, 'parked'}
     else
       redis.call('HSET', hash, 'state', 'queued', 'lease', ARGV[2])
+      if f[11] and redis.call('GET', f[11]) == id then
+        redis.call('DEL', f[11])  -- its debounce window is over: a later push starts one
+      end
       redis.call('ZREM', KEYS[1], id)
       redis.call('ZADD', KEYS[2], lease_until, id)
       reply = {1, tonumber(f[1]), f[2], expired, f[4] or '', f[5] or '', f[6] or ''}

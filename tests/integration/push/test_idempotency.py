@@ -29,7 +29,7 @@ def test_50_concurrent_pushes_from_threads_and_processes_run_once(
 ):
     order = f"order-{uuid.uuid4().hex[:8]}"
     start_at = time.time() + 4  # time for the processes to import Django
-    script = str(REPO_ROOT / "tests/integration/push_process.py")
+    script = str(REPO_ROOT / "tests/integration/push/push_process.py")
     procs = [
         subprocess.Popen(
             [sys.executable, script, str(start_at), order],

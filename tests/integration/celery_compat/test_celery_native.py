@@ -60,7 +60,6 @@ def test_a_signature_applies_as_a_push(worker, redis_client):
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        ({"link": None}, "canvas"),
         ({"priority": 3}, "not supported"),
     ],
 )
@@ -70,10 +69,13 @@ def test_an_option_it_cannot_honour_is_refused_and_nothing_is_pushed(options, sa
     assert redis_client.dbsize() == 0
 
 
-def test_link_is_refused_by_name_until_callbacks_land(redis_client):
-    # chain, group and chord are supported (tests/integration/test_chain.py, test_chord.py).
-    with pytest.raises(TypeError, match="canvas"):
-        tasks.sync_record.apply_async(("a",), link_error=tasks.sync_record.s())
+def test_a_link_whose_task_cannot_take_what_comes_first_is_refused_at_push(redis_client):
+    # link= and link_error= are supported (tests/integration/workflows/test_link.py): a callback
+    # takes the result first, an errback the failed task's id, checked at push.
+    with pytest.raises(TypeError):
+        tasks.sync_record.apply_async(("a",), link=tasks.sync_record.s("b", 0.0))
+    with pytest.raises(TypeError):
+        tasks.sync_record.apply_async(("a",), link_error=tasks.sync_record.s("b", 0.0))
     assert redis_client.dbsize() == 0
 
 

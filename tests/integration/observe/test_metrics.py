@@ -30,7 +30,7 @@ from relier_django.core.store.keys import KeySpace
 from relier_django.core.store.receipt import Receipt
 from relier_django.core.worker import fencing
 from testproject.demo import tasks
-from testproject.harness import free_port, wait_until
+from testproject.harness import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -225,14 +225,10 @@ def test_who_may_read_the_endpoint(redis_client, settings, client, token, header
 
 
 @pytest.mark.django_db
-def test_a_redis_that_cannot_be_read_answers_503(settings, client, monkeypatch):
-    closed = f"redis://127.0.0.1:{free_port()}/0"
-    # RELIER_REDIS_URL (set for the session's Redis) wins over settings.RELIER.
-    monkeypatch.setenv("RELIER_REDIS_URL", closed)
-    settings.RELIER = {**settings.RELIER, "METRICS_TOKEN": "t", "REDIS_URL": closed}
-    status, text = _scrape(client, HTTP_AUTHORIZATION="Bearer t")
-    monkeypatch.undo()
+def test_a_redis_that_cannot_be_read_answers_503(settings, client, redis_down):
+    settings.RELIER = {**settings.RELIER, "METRICS_TOKEN": "t"}
     conf.get_config.cache_clear()
+    status, text = _scrape(client, HTTP_AUTHORIZATION="Bearer t")
     assert status == 503
     assert "relier's Redis cannot be read" in text
 

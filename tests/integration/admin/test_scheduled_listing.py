@@ -193,7 +193,7 @@ def test_a_task_that_leaves_the_schedule_leaves_the_listing(redis_client):
 
 
 def test_bad_arguments_are_command_errors(redis_client):
-    # An unreachable Redis is a CommandError too: tests/integration/test_redis_down.py.
+    # An unreachable Redis is a CommandError too: tests/integration/admin/test_redis_down.py.
     with pytest.raises(CommandError, match="not a schedule cursor"):
         run("list", "--cursor", "nonsense")
     with pytest.raises(CommandError, match="from 1 to 500"):

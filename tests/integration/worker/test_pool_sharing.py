@@ -27,7 +27,7 @@ def _pool_states(redis_client, n: int) -> list[dict]:  # type: ignore[no-untyped
 
 
 def test_pool_processes_inherit_the_main_process_objects_frozen(redis_client, worker_factory):
-    worker_factory(extra_args=("--include", "tests.integration.pool_probe_tasks"))
+    worker_factory(extra_args=("--include", "tests.integration.worker.pool_probe_tasks"))
     states = _pool_states(redis_client, 4)
     # The interpreter starts with a few hundred objects frozen; the worker's main
     # process holds over a hundred thousand when it forks its pool.
@@ -35,6 +35,6 @@ def test_pool_processes_inherit_the_main_process_objects_frozen(redis_client, wo
 
 
 def test_no_pool_process_imports_what_only_the_web_needs(redis_client, worker_factory):
-    worker_factory(extra_args=("--include", "tests.integration.pool_probe_tasks"))
+    worker_factory(extra_args=("--include", "tests.integration.worker.pool_probe_tasks"))
     states = _pool_states(redis_client, 4)
     assert all(state["imported"] == [] for state in states), states

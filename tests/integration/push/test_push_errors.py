@@ -110,15 +110,9 @@ def test_a_caller_chosen_id_of_64_printable_characters_is_stored_under_it(redis_
         tasks.record.apply_async(("x", 0), task_id=42)
 
 
-def test_redis_down_outside_a_transaction_raises_push_failed(redis_server, monkeypatch):
-    monkeypatch.setenv("RELIER_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
-    conf.clear_cache()
-    try:
-        with pytest.raises(PushFailed) as failed:
-            tasks.record.push_with(on_commit=False).push("nowhere", 0)
-    finally:
-        monkeypatch.undo()
-        conf.clear_cache()
+def test_redis_down_outside_a_transaction_raises_push_failed(redis_server, redis_down):
+    with pytest.raises(PushFailed) as failed:
+        tasks.record.push_with(on_commit=False).push("nowhere", 0)
     # Celery code catches kombu's OperationalError (what apply_async raises): still caught.
     assert isinstance(failed.value, OperationalError) and isinstance(failed.value, RelierError)
     assert "was not stored" in str(failed.value) and "HTTP 503" in str(failed.value)

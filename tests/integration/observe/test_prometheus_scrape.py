@@ -33,7 +33,7 @@ from testproject.prometheus import PrometheusServer, _timestamp
 
 pytestmark = pytest.mark.integration
 
-ALERTS = Path(__file__).resolve().parents[2] / "docs" / "observability" / "alerts.yml"
+ALERTS = Path(__file__).resolve().parents[3] / "docs" / "observability" / "alerts.yml"
 TOKEN = "scrape-s3cret"
 KEYS = KeySpace("rl")
 # Quick scans and leader hand-over, as in test_metrics.py: scans every 0.3 s, lease 2 s.

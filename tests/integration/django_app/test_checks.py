@@ -26,6 +26,7 @@ from relier_django import conf
 from relier_django.core.model.spec import TaskSpec
 from relier_django.core.task import RelierTask
 from testproject.harness import (
+    QUICK_REDIS_RETRY_ENV,
     REPO_ROOT,
     CeleryWorker,
     RedisServer,
@@ -495,7 +496,7 @@ def test_a_queue_no_worker_consumes_is_a_warning(start_redis, relier, register_t
 
 
 def test_a_task_loaded_through_celery_imports_is_checked_too(start_redis, relier, celery_conf):
-    module = "tests.integration.imported_only_tasks"
+    module = "tests.integration.django_app.imported_only_tasks"
     relier(REDIS_URL=start_redis().url)
     celery_conf.imports = (module,)
     try:
@@ -557,7 +558,11 @@ def test_a_worker_refuses_to_start_while_relier_redis_is_unreachable(start_redis
         redis_url=broker.url,
         log_dir=tmp_path,
         name="unreachable",
-        extra_env={"RELIER_REDIS_URL": f"redis://:hunter2@127.0.0.1:{port}/0"},
+        # Refused at the first attempt: the start check need not wait out the retry budget.
+        extra_env={
+            "RELIER_REDIS_URL": f"redis://:hunter2@127.0.0.1:{port}/0",
+            **QUICK_REDIS_RETRY_ENV,
+        },
     )
     try:
         worker.start(wait=False)
