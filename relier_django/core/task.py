@@ -338,6 +338,10 @@ def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:
     for a copy that was not this worker's to run or finish, a stale or duplicate one
     (IGNORED: no result, no signal). Celery acknowledges the message for each of them,
     ``acks_late`` included, and never requeues it: relier already settled it.
+
+    A message that is Celery's own (``send_task`` by name: arguments, no envelope) is
+    adopted first, stored under its Celery id, then run the same way
+    (``worker/adoption.py``).
     """
     runner = Runner(
         self.relier_spec,
