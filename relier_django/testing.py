@@ -9,7 +9,8 @@ never reaches a developer's Redis or worker (docs/testing.md).
 
 Pytest fixtures, for a ``conftest.py`` (``pytest_plugins = ["relier_django.testing"]``
 or ``from relier_django.testing import relier_pushes, relier_eager``):
-``relier_pushes`` (a :class:`CapturedPushes`) and ``relier_eager``.
+``relier_pushes`` (a :class:`CapturedPushes`), ``relier_eager`` and
+``relier_eager_immediate``.
 """
 
 from __future__ import annotations
@@ -45,15 +46,18 @@ def reset() -> None:
 
 
 @contextlib.contextmanager
-def eager(*, propagate: bool = False) -> Iterator[None]:
+def eager(*, propagate: bool = False, immediate: bool = False) -> Iterator[None]:
     """Run every push made inside the block in this process, whatever the settings.
 
     Args:
         propagate: a failed task's exception is raised from ``push()`` (Celery's
             ``task_eager_propagates``); else ``receipt.get()`` raises ``TaskFailed``.
+        immediate: a push made inside a transaction runs at once too, as with
+            Celery's ``task_always_eager``; else it runs when the transaction commits
+            (never, in a test that pytest-django wraps in a transaction).
     """
     reset()
-    _eager.override(_eager.Mode(eager=True, propagates=propagate))
+    _eager.override(_eager.Mode(eager=True, propagates=propagate, immediate=immediate))
     try:
         yield
     finally:
@@ -234,6 +238,15 @@ else:
 
     @pytest.fixture
     def relier_eager() -> Iterator[None]:
-        """Every push the test makes runs in the test's process (:func:`eager`)."""
+        """Every push the test makes runs in the test's process (:func:`eager`); one
+        made inside a transaction runs when it commits."""
         with eager():
+            yield
+
+    @pytest.fixture
+    def relier_eager_immediate() -> Iterator[None]:
+        """Every push the test makes runs in the test's process at once, inside a
+        transaction too (:func:`eager` with ``immediate=True``): for tests marked
+        ``django_db``, whose transaction pytest-django rolls back, never commits."""
+        with eager(immediate=True):
             yield

@@ -26,9 +26,10 @@ from .model.spec import TaskSpec
 from .model.timing import debounce, timing
 from .push import producer
 from .push.producer import PushWith
-from .store import event_loop
+from .store import event_loop, liveness
+from .store.connection import sync_client
 from .store.receipt import Receipt
-from .worker import hooks
+from .worker import adoption, hooks
 from .worker.context import TaskContext
 from .worker.ending import Ended, Ending
 from .worker.runner import Runner
@@ -337,6 +338,10 @@ def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:
     for a copy that was not this worker's to run or finish, a stale or duplicate one
     (IGNORED: no result, no signal). Celery acknowledges the message for each of them,
     ``acks_late`` included, and never requeues it: relier already settled it.
+
+    A message that is Celery's own (``send_task`` by name: arguments, no envelope) is
+    adopted first, stored under its Celery id, then run the same way
+    (``worker/adoption.py``).
     """
     runner = Runner(
         self.relier_spec,
@@ -345,17 +350,16 @@ def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:
         hooks.worker_id(self.request.hostname),
         queue=(self.request.delivery_info or {}).get("routing_key") or "",
     )
-    if len(args) == 1 and not kwargs:
-        if self.relier_spec.is_async:
-            ended = _wait(runner, event_loop.spawn(runner.run(args[0])))
-        else:  # in this thread: no hop to the loop and on to another thread
-            ended = runner.run_blocking(args[0])
+    if adoption.is_plain(vars(self.request), args, kwargs):
+        # send_task() by name: Celery's own message, adopted (worker/adoption.py).
+        ended = _adopt_and_run(self, runner, args, kwargs)
+    elif len(args) == 1 and not kwargs:
+        ended = _run(self, runner, args[0])
     else:
-        # Not sent by push(): keep what arrived rather than running it or dropping it.
+        # Marked as relier's, yet not one envelope: keep what arrived, never run it.
         detail = (
             f"{self.name} received {len(args)} positional and {len(kwargs)} keyword "
-            "arguments; @rl_task messages carry exactly one envelope (was it sent with "
-            "send_task()?)"
+            "arguments in a message marked as relier's, which carries exactly one envelope"
         )
         raw = repr({"args": args, "kwargs": kwargs})
         ended = event_loop.run(runner.reject_malformed(detail, raw=raw))
@@ -368,6 +372,26 @@ def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:
             raise ended.error  # its own traceback, for Celery's log and error trackers
         raise TaskFailed(ended.task_id or self.request.id, ended.reason or "", ended.detail)
     raise Ignore(ended.detail)
+
+
+def _run(self: RelierTask, runner: Runner, raw: object) -> Ended:
+    if self.relier_spec.is_async:
+        return _wait(runner, event_loop.spawn(runner.run(raw)))
+    return runner.run_blocking(raw)  # in this thread: no hop to the loop and back
+
+
+def _adopt_and_run(
+    self: RelierTask, runner: Runner, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Ended:
+    """A plain message stored as a task under its Celery id (or found stored by its
+    adoption at receipt, or by an earlier delivery), then run as a pushed one."""
+    spec = self.relier_spec
+    env = adoption.envelope_of(spec, self.request.id, args, kwargs, runner.queue)
+    liveness.hold(runner.config, runner.worker)  # what it holds dies with its connection
+    found = adoption.adopt(runner.config, spec, env, runner.worker).run(sync_client(runner.config))
+    if not found.encoded:
+        return Ended(Ending.REFUSED, self.request.id, detail=f"not adopted: {found.refusal}")
+    return _run(self, runner, found.encoded)
 
 
 def _wait(runner: Runner, running: concurrent.futures.Future[Ended]) -> Ended:

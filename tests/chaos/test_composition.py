@@ -61,6 +61,12 @@ TRIGGERS = [
     Trigger("chain step", triggers.chain_step, True, "the second, created by the first's commit"),
     Trigger("chord member", triggers.chord_member, True, "the second of a chord's three"),
     Trigger("group member", triggers.group_member, False, "the second of a group of three"),
+    Trigger(
+        "send_task by name",
+        triggers.send_task_by_name,
+        False,
+        "app.send_task(name, args): Celery's own message, adopted by the worker",
+    ),
     Trigger("debounce", triggers.debounced, False, "the last of two debounced pushes (2.5 s)"),
 ]
 IDEMPOTENCY = [
@@ -124,11 +130,30 @@ EXCLUDED = [
     Exclusion(
         {
             "trigger": ("direct push", "countdown", "periodic tick", "chain head", "chain step",
-                        "group member"),
+                        "group member", "send_task by name"),
             "fate": "late release",
         },
         "only a chord keeps state with a TTL that a release can outlive (a chain carries "
         "its steps in its envelope; results and claims expire from their commit)",
+    ),
+    Exclusion(
+        {"trigger": "send_task by name", "idempotency": "idempotent"},
+        "a message sent by name carries no idempotency key: it is adopted under its "
+        "Celery id only (docs/api.md, sending by name)",
+    ),
+    Exclusion(
+        {"trigger": "send_task by name", "transaction": "outbox"},
+        "send_task publishes at once, to the broker: no outbox row, no transaction",
+    ),
+    Exclusion(
+        {"trigger": "send_task by name", "flow": ("concurrency", "rate")},
+        "flow control is applied at push; an adopted message is not gated (documented)",
+    ),
+    Exclusion(
+        {"trigger": "send_task by name", "fate": ("cancel", "lost reply")},
+        "a parked message is stored only when a worker adopts it, so there is nothing to "
+        "cancel before; the lost-reply fate drops push.lua's reply, which a message sent "
+        "by name never calls (adopt.lua's lost reply: tests/integration/test_replay.py)",
     ),
     Exclusion(
         {"trigger": "debounce", "idempotency": "idempotent"},

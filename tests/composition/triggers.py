@@ -23,6 +23,7 @@ from celery import chain, chord, group
 from relier_django.core.model.timing import Debounce, Timing
 from relier_django.core.push import producer
 from relier_django.core.schedule import periodic
+from testproject.celery import app
 from testproject.demo import composition_tasks as tasks
 
 if TYPE_CHECKING:
@@ -49,6 +50,18 @@ def direct(case: Case) -> Iterator[None]:
 
 def countdown(case: Case) -> Iterator[None]:
     yield from _push_now(case, countdown=COUNTDOWN_S)
+
+
+def send_task_by_name(case: Case) -> Iterator[None]:
+    """Celery's own message, sent by name with raw arguments (no envelope, nothing
+    stored): the worker that receives it adopts it (docs/api.md, "Sending by name")."""
+    own = case.announce("own")
+    app.send_task(
+        case.cell.task.name, (case.label,), {"first": case.first}, task_id=own, queue=case.queue
+    )
+    case.follow(own, "the cell's task, sent by name", own=True, atomic=case.atomic)
+    case.touch("sent it by name")
+    yield
 
 
 def periodic_tick(case: Case) -> Iterator[None]:

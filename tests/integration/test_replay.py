@@ -56,7 +56,7 @@ from relier_django.core.store import checkpoint, chords, scripts
 from relier_django.core.store import progress as store_progress
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
-from relier_django.core.worker import fencing, intake
+from relier_django.core.worker import adoption, fencing, intake
 from relier_django.core.worker.reservations import Reservations
 from testproject.celery import app
 from testproject.demo import tasks
@@ -601,6 +601,26 @@ def restore_inflight(cfg: config.Config, client: redis.Redis) -> Any:
     return call.run(client)
 
 
+@functools.cache
+def _the_adopted() -> Any:
+    # A plain Celery message's first incarnation, the same bytes in both runs.
+    env = adoption.envelope_of(tasks.sync_record.relier_spec, TASK_ID, ("x",), {}, "celery")
+    return dataclasses.replace(env, created_ms=1)
+
+
+def adopt(cfg: config.Config, client: redis.Redis) -> Any:
+    spec = tasks.sync_record.relier_spec
+    return adoption.adopt(cfg, spec, _the_adopted(), "w1@host:1", token="adopt-1").run(client)
+
+
+def adopt_redelivered(cfg: config.Config, client: redis.Redis) -> Any:
+    # The same message adopted before (at receipt, or by another worker): answered
+    # with the stored envelope, nothing written.
+    spec = tasks.sync_record.relier_spec
+    assert adoption.adopt(cfg, spec, _the_adopted(), "w1@host:1", token="first").run(client).new
+    return adoption.adopt(cfg, spec, _the_adopted(), "w2@host:2", token="again").run(client)
+
+
 def admit(cfg: config.Config, client: redis.Redis) -> Any:
     found = admission.limits(_keys(cfg), cfg, "t", Rate.parse("5/m"))
     return asyncio.run(admission.acheck(found, cfg))
@@ -645,6 +665,7 @@ CASES: dict[str, Case] = {
     "restore_inflight": Case(restore_inflight),
     "admit": Case(admit, replayed=False),
     "ratelimit": Case(ratelimit_, replayed=False),
+    "adopt": Case(adopt),
 }
 
 
@@ -668,6 +689,7 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "push+debounce": ("push", Case(push_debounced, setup_runs=1)),
     "push+superseded": ("push", Case(push_superseded, setup_runs=2)),
     "schedule_take+debounce": ("schedule_take", Case(schedule_take_debounced)),
+    "adopt+redelivered": ("adopt", Case(adopt_redelivered, setup_runs=1)),
 }
 # Flow control runs on an unpartitioned store only (model/limits.py refuses it at push).
 _UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_take+parks",

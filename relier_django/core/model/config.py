@@ -65,6 +65,10 @@ class Config:
     # this, at most twice (backoff with jitter). Longer than a restart or a failover
     # takes; tests of an unreachable Redis shorten it (store/retrying.py).
     redis_retry_s: float = 3.75
+    # How long a push sent at once (push()/apush() outside a transaction) waits for
+    # Redis before it raises PushFailed: one budget for its retries and each connect or
+    # read, so a web request can answer 503 soon. Workers keep redis_retry_s.
+    push_wait_s: float = 1.0
     # Redis Sentinel: when set, the master named sentinel_master is found through these
     # "host:port" sentinels, and redis_url gives only credentials, db and TLS options.
     sentinels: tuple[str, ...] = ()
@@ -103,6 +107,10 @@ class Config:
     # Tests: push() runs the task in this process and never touches Redis or the
     # broker, as Celery's task_always_eager (which turns it on too); docs/testing.md.
     eager: bool = False
+    # Tests: eager, and a push inside a transaction runs at once too, as Celery's
+    # task_always_eager does, instead of at the commit (which a test wrapped in a
+    # transaction, pytest-django's django_db, never reaches); docs/testing.md.
+    eager_immediate: bool = False
     # Cluster-wide counters and histograms (docs/observability.md), kept by the Lua
     # scripts that do each act. False: the scripts count nothing (the benchmark's "off").
     metrics: bool = True
@@ -140,7 +148,7 @@ class Config:
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 found.append((name, " must be >= 1"))
-        for name in ("scan_interval_s", "resurrect_lease_s", "leader_lease_s"):
+        for name in ("scan_interval_s", "resurrect_lease_s", "leader_lease_s", "push_wait_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:  # leader_lease_s may be None (derived)
                 found.append((name, " must be > 0"))

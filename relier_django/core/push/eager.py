@@ -10,7 +10,9 @@ a result that comes out of JSON as it went in, and a failure that ``get()`` rais
 ``TaskFailed``, as after a dead-letter, though nothing is filed anywhere. With
 Celery's ``task_eager_propagates`` the task's exception propagates from the push, as
 from Celery's eager ``apply()``. Inside a transaction the run waits for its commit,
-as a real push waits to be sent.
+as a real push waits to be sent, unless ``immediate`` (``EAGER_IMMEDIATE``): then it
+runs at once, as Celery's ``task_always_eager`` does, for tests wrapped in a
+transaction that never commits.
 
 Decision: the task runs through its Celery task object (``app.tasks[name].run``, the
 body ``@rl_task`` built, with a request naming the task id and attempt, as Celery's
@@ -61,10 +63,12 @@ _POLL_S = 0.005
 @dataclass(frozen=True, slots=True)
 class Mode:
     """How pushes run: ``eager`` in this process; ``propagates``: a failed task's
-    exception is raised from the push, as Celery's ``task_eager_propagates``."""
+    exception is raised from the push, as Celery's ``task_eager_propagates``;
+    ``immediate``: a push inside a transaction runs at once too, not at its commit."""
 
     eager: bool
     propagates: bool = False
+    immediate: bool = False
 
 
 _lock = threading.Lock()
@@ -87,8 +91,9 @@ def mode(app: Any, cfg: Config) -> Mode:
     if _override is not None:
         return _override
     conf = getattr(app, "conf", None)
-    eager = cfg.eager or bool(getattr(conf, "task_always_eager", False))
-    return Mode(eager, eager and bool(getattr(conf, "task_eager_propagates", False)))
+    eager = cfg.eager or cfg.eager_immediate or bool(getattr(conf, "task_always_eager", False))
+    propagates = eager and bool(getattr(conf, "task_eager_propagates", False))
+    return Mode(eager, propagates, cfg.eager_immediate)
 
 
 def push_interceptor(interceptor: Interceptor) -> None:
@@ -241,7 +246,7 @@ def divert(
     receipt = EagerReceipt.deferred(env.id, cfg)
     assert isinstance(receipt, EagerReceipt)
     run = functools.partial(_at_commit, spec, app, env, receipt, chosen.propagates)
-    if hook is not None and hook(using, run):
+    if hook is not None and not chosen.immediate and hook(using, run):
         logger.debug("eager run deferred to commit task=%s task_id=%s", env.task, env.id)
         return receipt
     return deliver(spec, app, env, receipt, chosen.propagates, now=True)
@@ -258,7 +263,7 @@ async def adivert(
     receipt = EagerReceipt.deferred(env.id, cfg)
     assert isinstance(receipt, EagerReceipt)
     run = functools.partial(_at_commit, spec, app, env, receipt, chosen.propagates)
-    if hook is not None and hook(using, run):
+    if hook is not None and not chosen.immediate and hook(using, run):
         logger.debug("eager run deferred to commit task=%s task_id=%s", env.task, env.id)
         return receipt
     if (duplicate := _begin(spec, env, receipt, now=True)) is not None:

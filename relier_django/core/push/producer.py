@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.exceptions
+from celery import current_task
 from kombu.exceptions import OperationalError
 
 from ..broker import publish
@@ -471,7 +472,7 @@ def push(
         if on_commit and (deferred := p.defer(app, using)) is not None:
             return deferred
         try:
-            return p.send_now(app, sync_client(p.cfg))
+            return p.send_now(app, sync_client(p.cfg, wait_s=waits_for(p.cfg)))
         except UNREACHABLE as exc:
             raise _failed(p, exc) from exc
 
@@ -510,9 +511,18 @@ async def apush(
         if on_commit and (deferred := p.defer(app, using)) is not None:
             return deferred
         try:
-            return await p.asend_now(app, async_client(p.cfg))
+            return await p.asend_now(app, async_client(p.cfg, wait_s=waits_for(p.cfg)))
         except UNREACHABLE as exc:
             raise _failed(p, exc) from exc
+
+
+def waits_for(cfg: config.Config) -> float | None:
+    """How long a push sent at once waits for Redis: ``PUSH_WAIT_S`` for a caller that
+    is waiting (a request, a script, the scanner's periodic ticks, retried at its next
+    pass); None, the workers' ``REDIS_RETRY_S``, for a push made by a running task,
+    which no request waits on and which must ride out a failover as the task's own
+    calls do, rather than fail the task."""
+    return None if current_task else cfg.push_wait_s
 
 
 UNREACHABLE: tuple[type[BaseException], ...] = (

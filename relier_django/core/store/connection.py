@@ -47,7 +47,14 @@ from ..model.config import Config
 from ..model.redaction import redact
 from . import cluster
 from .keys import KeySpace
-from .retrying import AsyncRetry, Retry, backoff, retries_within
+from .retrying import (
+    AsyncBoundedRetry,
+    AsyncRetry,
+    BoundedRetry,
+    Retry,
+    backoff,
+    retries_within,
+)
 
 __all__ = [
     "FastLane",
@@ -82,9 +89,9 @@ class _LoopClient:
 Target = tuple[Any, ...]
 
 _lock = threading.Lock()
-_sync: dict[tuple[int, Target, bool], redis.Redis] = {}
+_sync: dict[tuple[int, Target, bool, float | None], redis.Redis] = {}
 _async: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[Target, bool], _LoopClient]
+    asyncio.AbstractEventLoop, dict[tuple[Target, bool, float | None], _LoopClient]
 ] = weakref.WeakKeyDictionary()
 
 
@@ -108,8 +115,10 @@ def target(config: Config) -> Target:
     )  # fmt: skip
 
 
-def _options(config: Config, fail_fast: bool) -> dict[str, Any]:
+def _options(config: Config, fail_fast: bool, wait_s: float | None = None) -> dict[str, Any]:
     timeout = min(config.redis_socket_timeout_s, _FAST_TIMEOUT_S) if fail_fast else None
+    if wait_s is not None:  # one connect or read never outlasts the whole budget
+        timeout = min(config.redis_socket_timeout_s, wait_s)
     return {
         "decode_responses": True,
         "socket_timeout": timeout or config.redis_socket_timeout_s,
@@ -227,14 +236,16 @@ def fast_lane(client: redis.Redis) -> FastLane | None:
     return _lanes.get(client)
 
 
-def _build_sync(config: Config, fail_fast: bool) -> redis.Redis:
+def _build_sync(config: Config, fail_fast: bool, wait_s: float | None = None) -> redis.Redis:
     retry = Retry(backoff(), 0 if fail_fast else retries_within(config.redis_retry_s))
-    options = _options(config, fail_fast)
+    if wait_s is not None and not fail_fast:
+        retry = BoundedRetry(wait_s)
+    options = _options(config, fail_fast, wait_s)
     if config.cluster:
         return cluster.sync_cluster(config, fail_fast, options)
     if not config.sentinels:
         client = redis.Redis.from_url(config.redis_url, retry=retry, **options)
-        if not fail_fast:
+        if not fail_fast and wait_s is None:
             _lanes[client] = FastLane(client.connection_pool)
         return client
     manager, master = _sentinel(config, options, redis.sentinel.Sentinel, Retry)
@@ -244,10 +255,12 @@ def _build_sync(config: Config, fail_fast: bool) -> redis.Redis:
 
 
 def _build_async(
-    config: Config, fail_fast: bool
+    config: Config, fail_fast: bool, wait_s: float | None = None
 ) -> tuple[redis.asyncio.Redis, redis.asyncio.sentinel.Sentinel | None]:
     retry = AsyncRetry(backoff(), 0 if fail_fast else retries_within(config.redis_retry_s))
-    options = _options(config, fail_fast)
+    if wait_s is not None and not fail_fast:
+        retry = AsyncBoundedRetry(wait_s)
+    options = _options(config, fail_fast, wait_s)
     if config.cluster:
         return cluster.async_cluster(config, fail_fast, options), None
     if not config.sentinels:
@@ -355,7 +368,7 @@ def home_client(config: Config) -> redis.Redis:
     if not config.cluster:
         return sync_client(config)
     host, port = home_address(config)
-    key = (os.getpid(), (*target(config), host, port), False)
+    key = (os.getpid(), (*target(config), host, port), False, None)
     client = _sync.get(key)
     if client is None:
         with _lock:
@@ -370,33 +383,42 @@ def home_client(config: Config) -> redis.Redis:
     return client
 
 
-def sync_client(config: Config, *, fail_fast: bool = False) -> redis.Redis:
+def sync_client(
+    config: Config, *, fail_fast: bool = False, wait_s: float | None = None
+) -> redis.Redis:
     """This process's client for ``config``'s Redis (decoded str replies).
 
     Args:
         config: where to connect (``redis_url``, or ``sentinels`` + ``sentinel_master``).
         fail_fast: no retries and a timeout of at most 1 s, for callers that must
             answer now.
+        wait_s: a call retries connection errors for at most this many seconds from
+            its first attempt, and no connect or read waits longer (``PUSH_WAIT_S``,
+            for a push whose caller is waiting); None: ``REDIS_RETRY_S``'s policy.
+            On Redis Cluster only the timeouts are bounded.
 
     Returns:
         A client shared by every thread of this process; a forked child gets its own.
     """
-    key = (os.getpid(), target(config), fail_fast)
+    key = (os.getpid(), target(config), fail_fast, wait_s)
     client = _sync.get(key)
     if client is None:
         with _lock:
             client = _sync.get(key)
             if client is None:
-                client = _sync[key] = _build_sync(config, fail_fast)
+                client = _sync[key] = _build_sync(config, fail_fast, wait_s)
     return client
 
 
-def async_client(config: Config, *, fail_fast: bool = False) -> redis.asyncio.Redis:
+def async_client(
+    config: Config, *, fail_fast: bool = False, wait_s: float | None = None
+) -> redis.asyncio.Redis:
     """The running event loop's client for ``config``'s Redis. Call from inside the loop.
 
     Args:
         config: where to connect, as for :func:`sync_client`.
         fail_fast: as for :func:`sync_client`.
+        wait_s: as for :func:`sync_client`.
 
     Returns:
         A client whose connections belong to this loop only; another loop, or this one
@@ -410,10 +432,10 @@ def async_client(config: Config, *, fail_fast: bool = False) -> redis.asyncio.Re
     if per_loop is None:
         _forget_closed_loops()
         per_loop = _async[loop] = {}
-    key = (target(config), fail_fast)
+    key = (target(config), fail_fast, wait_s)
     entry = per_loop.get(key)
     if entry is None:
-        entry = per_loop[key] = _LoopClient(*_build_async(config, fail_fast))
+        entry = per_loop[key] = _LoopClient(*_build_async(config, fail_fast, wait_s))
     return entry.client
 
 

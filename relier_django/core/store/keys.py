@@ -473,6 +473,11 @@ class KeySpace:
         keys = [p.task(task_id), p.history(task_id), p.expiry, *p._counted()]
         return [*keys, idem_key] if idem_key else keys
 
+    def for_adopt(self, task_id: str) -> list[str]:
+        p = self.of_task(task_id)
+        return [p.task(task_id), p.history(task_id), p.expiry, p.dlq_entry(task_id),
+                p.result(task_id), *p._counted()]  # fmt: skip
+
     def for_start(self, task_id: str) -> list[str]:
         p = self.of_task(task_id)
         return [p.task(task_id), p.history(task_id), p.expiry, *p._counted()]

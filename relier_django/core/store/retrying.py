@@ -16,6 +16,9 @@ refusal. (ratelimit.lua is not, which is why the limiter uses a fail-fast client
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -89,3 +92,109 @@ class AsyncRetry(redis.asyncio.retry.Retry):
             return await super().call_with_retry(attempt, fail, *args, **kwargs)
         except _Permanent as wrapped:
             raise wrapped.error from None
+
+
+# The deadline of the outermost bounded call in progress in this thread or task.
+# redis-py nests retries (a command's around its connection's connect) and copies the
+# policy into each connection, so the deadline lives here, shared by every level.
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "relier_retry_deadline", default=None
+)
+
+
+class _Bounded:
+    """What the bounded policies share: a budget from the first attempt, and a clock."""
+
+    def _setup(self, budget_s: float, clock: Callable[[], float]) -> None:
+        self.budget_s = budget_s
+        self._clock = clock
+
+    def _enter(self) -> tuple[float, contextvars.Token[float | None] | None]:
+        outer = _deadline.get()
+        if outer is not None:
+            return outer, None
+        deadline = self._clock() + self.budget_s
+        return deadline, _deadline.set(deadline)
+
+    def _gives_up(self, error: Exception, deadline: float, delay_s: float) -> bool:
+        # Stop when the next attempt would start past the budget: an unreachable Redis
+        # costs the budget, not the retry count times the connect timeout.
+        return isinstance(error, _PERMANENT) or self._clock() + delay_s >= deadline
+
+
+class BoundedRetry(_Bounded, Retry):
+    """:class:`Retry` (backoff, permanent errors at once) within ``budget_s`` seconds
+    from the first attempt, however many attempts fit, nested calls included: the
+    policy of a push sent at once (``PUSH_WAIT_S``), whose caller is waiting."""
+
+    def __init__(
+        self,
+        budget_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__(backoff(), -1)
+        self._setup(budget_s, clock)
+        self._sleep = sleep
+
+    def call_with_retry(
+        self,
+        do: Callable[[], Any],
+        fail: Any,
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> Any:
+        deadline, token = self._enter()
+        try:
+            self._backoff.reset()
+            failures = 0
+            while True:
+                try:
+                    return do()
+                except self._supported_errors as error:
+                    if is_retryable is not None and not is_retryable(error):
+                        raise
+                    failures += 1
+                    fail(error, failures) if with_failure_count else fail(error)
+                    delay_s = self._backoff.compute(failures)
+                    if self._gives_up(error, deadline, delay_s):
+                        raise
+                    self._sleep(delay_s)
+        finally:
+            if token is not None:
+                _deadline.reset(token)
+
+
+class AsyncBoundedRetry(_Bounded, AsyncRetry):
+    """:class:`BoundedRetry` for the asyncio clients."""
+
+    def __init__(self, budget_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(backoff(), -1)
+        self._setup(budget_s, clock)
+
+    async def call_with_retry(
+        self,
+        do: Any,
+        fail: Any,
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> Any:
+        deadline, token = self._enter()
+        try:
+            self._backoff.reset()
+            failures = 0
+            while True:
+                try:
+                    return await do()
+                except self._supported_errors as error:
+                    if is_retryable is not None and not is_retryable(error):
+                        raise
+                    failures += 1
+                    await (fail(error, failures) if with_failure_count else fail(error))
+                    delay_s = self._backoff.compute(failures)
+                    if self._gives_up(error, deadline, delay_s):
+                        raise
+                    await asyncio.sleep(delay_s)
+        finally:
+            if token is not None:
+                _deadline.reset(token)

@@ -173,6 +173,7 @@ RESTORE_INFLIGHT = _load("restore_inflight")  # recovery.inflight: a dead taker'
 ORPHANS = _load("orphans")  # recovery.deaths: hand off the tasks of a holder found dead
 SCHEDULE_TAKE = _load("schedule_take")  # schedule.dispatch: lease the due tasks
 SCHEDULE_SENT = _load("schedule_sent")  # schedule.dispatch: the broker took them
+ADOPT = _load("adopt")  # worker.adoption: store a plain Celery message as a task
 CANCEL = _load("cancel")  # store.cancel: take a task back, or fence off its run
 LOCK_ACQUIRE = _load("lock_acquire")  # extras.lock
 LOCK_EXTEND = _load("lock_extend")  # extras.lock
@@ -193,7 +194,7 @@ OWNERS: dict[LuaScript, str] = {
     PRESENCE: "worker.reservations", TAKE: "worker.intake", TAKE_INFLIGHT: "worker.intake",
     RESTORE_INFLIGHT: "recovery.inflight", ORPHANS: "recovery.deaths",
     SCHEDULE_TAKE: "schedule.dispatch", SCHEDULE_SENT: "schedule.dispatch",
-    CANCEL: "store.cancel",
+    CANCEL: "store.cancel", ADOPT: "worker.adoption",
 }  # fmt: skip
 
 ALL: tuple[LuaScript, ...] = tuple(OWNERS)

@@ -42,11 +42,12 @@ from ..broker import publish
 from ..model import config, links
 from ..model.envelope import decode
 from ..model.errors import EnvelopeError
+from ..model.spec import TaskSpec
 from ..recovery.scanner import Scanner
 from ..store import event_loop, layout, liveness
 from ..store.connection import describe, sync_client
 from ..store.keys import KeySpace
-from . import fencing, forking, intake, pool_order, timeouts
+from . import adoption, fencing, forking, intake, pool_order, timeouts
 from .reservations import Reservations, fence_of, waiting_request_ids
 from .runner import Runner
 
@@ -214,12 +215,42 @@ def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None
     global _reservations
     fence = fence_of(getattr(request, "args", None))
     if fence is None:
-        return  # not an @rl_task envelope
+        fence = _adopted(request)
+    if fence is None:
+        return  # not an @rl_task envelope, nor a plain message this worker adopted
     if _reservations is None:
         host = getattr(request, "hostname", None)
         _reservations = Reservations(config.current(), waiting_request_ids, worker_id(host))
         _reservations.start_thread()
     _reservations.add(request.id, fence)
+
+
+def _adopted(request: Any) -> int | None:
+    """Adopt a plain Celery message for an ``@rl_task`` (``send_task`` by name) as it
+    arrives, before a pool process accepts it (when Celery acks it): its first fence,
+    or None for anything else. A failure here is not final: the pool process adopts
+    it as it runs it (``adoption``)."""
+    spec = getattr(getattr(request, "task", None), "relier_spec", None)
+    if not isinstance(spec, TaskSpec):
+        return None
+    headers = getattr(request, "request_dict", None) or {}
+    args, kwargs = getattr(request, "args", ()), getattr(request, "kwargs", {})
+    if not adoption.is_plain(headers, args, kwargs):
+        return None
+    cfg = config.current()
+    worker = worker_id(getattr(request, "hostname", None))
+    queue = (getattr(request, "delivery_info", None) or {}).get("routing_key") or ""
+    try:
+        liveness.hold(cfg, worker)  # what it holds dies with its connection
+        env = adoption.envelope_of(spec, request.id, args, kwargs, queue)
+        found = adoption.adopt(cfg, spec, env, worker).run(sync_client(cfg))
+    except Exception:
+        logger.warning("could not adopt task_id=%s at receipt", request.id, exc_info=True)
+        return None
+    if not found.encoded:
+        return None
+    logger.debug("adopted a plain Celery message task_id=%s task=%s", request.id, spec.name)
+    return 1 if found.new else fence_of([found.encoded])
 
 
 def _on_task_failure(

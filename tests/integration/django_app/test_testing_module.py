@@ -25,6 +25,7 @@ from testproject.demo import tasks
 # The package's fixtures, as a project's conftest.py would import them.
 relier_pushes = testing.relier_pushes
 relier_eager = testing.relier_eager
+relier_eager_immediate = testing.relier_eager_immediate
 
 
 @pytest.fixture(autouse=True)
@@ -172,6 +173,36 @@ def test_inside_atomic_the_eager_run_waits_for_the_commit(
         with pytest.raises(NotDispatched):
             receipt.get()
     assert receipt.dispatched and receipt.get()["runs"] == 1
+
+
+@pytest.mark.django_db
+def test_the_immediate_fixture_runs_a_push_inside_the_tests_transaction_at_once(
+    relier_eager_immediate,
+):
+    # pytest-django's default django_db: the test runs inside a transaction that is
+    # rolled back, never committed, so a deferred run would never happen.
+    assert transaction.get_connection().in_atomic_block
+    receipt = tasks.in_memory.delay("v")
+    assert receipt.get(timeout=1)["runs"] == 1 and runs("v") == 1
+    with transaction.atomic():
+        inner = tasks.in_memory.push("w")
+        assert inner.done and runs("w") == 1  # not waiting for the commit
+
+
+@pytest.mark.django_db
+def test_the_eager_immediate_setting_runs_a_push_inside_a_transaction_at_once(settings):
+    settings.RELIER = {**settings.RELIER, "EAGER_IMMEDIATE": True}
+    try:
+        with transaction.atomic():
+            receipt = tasks.in_memory.push("x")
+            assert receipt.done and receipt.get()["runs"] == 1
+    finally:
+        testing.reset()
+
+
+def test_outside_any_transaction_an_eager_push_runs_at_once(relier_eager):
+    receipt = tasks.in_memory.push("y")  # no django_db: no transaction at all
+    assert receipt.dispatched and receipt.done and runs("y") == 1
 
 
 def test_capture_records_every_push_and_runs_them_on_demand(relier_pushes):

@@ -6,19 +6,26 @@ shell``. Real Redis, real processes."""
 from __future__ import annotations
 
 import dataclasses
+import socket
 import subprocess
 import sys
+import time
+from typing import Any
 
 import pytest
+import redis
 from celery import chain, group
 from kombu.exceptions import OperationalError
 
-from relier_django import ArgumentsTooLarge, InvalidTaskId, PushFailed, RelierError
+from relier_django import ArgumentsTooLarge, InvalidTaskId, PushFailed, RelierError, conf
+from relier_django.core.model.config import Config
 from relier_django.core.push import producer
+from relier_django.core.store import connection
+from relier_django.core.store.retrying import BoundedRetry
 from relier_django.transactions import replay
 from testproject.celery import app
 from testproject.demo import tasks
-from testproject.harness import REPO_ROOT, worker_env
+from testproject.harness import REPO_ROOT, free_port, worker_env
 
 
 def test_an_argument_above_the_limit_is_refused_naming_it_and_the_setting(redis_client, settings):
@@ -110,6 +117,58 @@ def test_redis_down_outside_a_transaction_raises_push_failed(redis_server, redis
     assert isinstance(failed.value, OperationalError) and isinstance(failed.value, RelierError)
     assert "was not stored" in str(failed.value) and "HTTP 503" in str(failed.value)
     assert failed.value.__cause__ is not None  # the client's own error, kept
+
+
+def _push_failing_at(url: str, monkeypatch: pytest.MonkeyPatch, wait_s: float) -> PushFailed:
+    with monkeypatch.context() as env:
+        env.setenv("RELIER_REDIS_URL", url)
+        env.setenv("RELIER_PUSH_WAIT_S", str(wait_s))
+        conf.clear_cache()
+        try:
+            with pytest.raises(PushFailed) as failed:
+                tasks.record.push_with(on_commit=False).push("nowhere", 0)
+        finally:
+            conf.clear_cache()
+    return failed.value
+
+
+def test_a_push_waits_for_a_refusing_redis_within_push_wait_s(redis_server, monkeypatch):
+    attempts: list[float] = []
+    connect = redis.connection.Connection._connect
+
+    def counted(self: Any) -> Any:
+        attempts.append(self.socket_connect_timeout)
+        return connect(self)
+
+    monkeypatch.setattr(redis.connection.Connection, "_connect", counted)
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    _push_failing_at(url, monkeypatch, wait_s=0.4)
+    # Retried within the budget (a refusal is instant: the backoff spends it), each
+    # connect bounded by the budget, not the 5 s socket timeout workers keep.
+    assert attempts and set(attempts) == {0.4}
+    budgeted = connection.sync_client(dataclasses.replace(Config(), redis_url=url), wait_s=0.4)
+    retry = budgeted.connection_pool.connection_kwargs["retry"]
+    assert isinstance(retry, BoundedRetry) and retry.budget_s == 0.4
+
+
+def test_a_push_to_a_redis_that_never_answers_fails_within_its_budget(redis_server, monkeypatch):
+    # A server that accepts connections and never replies (a hung or blackholed
+    # Redis): before PUSH_WAIT_S, each attempt waited the 5 s socket timeout and the
+    # client retried for REDIS_RETRY_S, over 90 s in all (measured). Now one attempt
+    # spends the budget. The bound below is ten budgets, generous on purpose on a
+    # shared machine: it only tells "one budget" from "minutes".
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    try:
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        started = time.monotonic()
+        failed = _push_failing_at(url, monkeypatch, 0.3)
+        waited = time.monotonic() - started
+    finally:
+        silent.close()
+    assert isinstance(failed.__cause__, redis.exceptions.TimeoutError)
+    assert waited < 10 * 0.3
 
 
 def test_replay_from_a_fresh_shell_finds_the_task_without_importing_it(redis_server, redis_client):
