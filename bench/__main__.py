@@ -9,6 +9,7 @@ from bench import (
     cluster_cost,
     delivery,
     dlq_pages,
+    flow_control,
     parity,
     pop_trace,
     push_overhead,
@@ -45,6 +46,9 @@ BENCHMARKS = {
     # Issue 37's figures against Celery acks_late in one run (after worker_memory and
     # fleet, whose results it prints beside its own).
     "parity": (parity.main, []),
+    # Issue 38: per-key concurrency through whole-worker kills, the hand-over, a
+    # cluster-wide rate, and no-op throughput against the build before flow control.
+    "flow_control": (flow_control.main, []),
 }
 
 if __name__ == "__main__":
