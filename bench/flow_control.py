@@ -28,7 +28,7 @@ met / MISSED (never asserted: the machine is shared):
   push to last run, on this build and on the build before flow control (the parent of
   the commit that added ``_limits.lua``, in a temporary git worktree; its producer and
   worker both run that build's code); target: this build >= 0.97 x the one before
-  (median over ``--rounds`` rounds of the ratio within a round, the order rotating).
+  (median over ``--rounds`` rounds (5) of the ratio within a round, the order rotating).
   Beside it, the same tasks under ``concurrency=10_000``, a limit never reached
   (testproject/demo/bench_limit_tasks.py): what the gate itself costs a task.
 
@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 from bench.common import AS_SHIPPED, REPO, percentile, private_redis, setup_django, write_result
 from bench.delivery import _point_at
 from bench.pop_trace import before_checkout
-from bench.throughput import _wait_done
+from bench.throughput import _cpu_s, _wait_done
 
 CAPACITY = 2  # demo.lim.per_key's concurrency
 RATE_PER_S = 20.0  # demo.lim.rated's rate
@@ -66,7 +66,7 @@ TARGETS = {
 }
 LIMITS_LUA = "relier_django/core/store/lua/_limits.lua"
 DEFAULTS = {"tasks": 1000, "keys": 50, "kills": 5, "work": 0.2, "handovers": 200,
-            "rate_s": 60.0, "noop": 2000, "rounds": 3, "seed": 38}  # fmt: skip
+            "rate_s": 60.0, "noop": 2000, "rounds": 5, "seed": 38}  # fmt: skip
 SMALL = {"tasks": 100, "keys": 10, "kills": 2, "work": 0.2, "handovers": 30,
          "rate_s": 10.0, "noop": 300, "rounds": 1, "seed": 38}  # fmt: skip
 
@@ -144,6 +144,23 @@ def slot_restarts(records: list[Record], kills: list[Kill]) -> tuple[list[float]
             else:
                 never += 1
     return waits, never
+
+
+def ended_twice(records: list[Record], kills: list[Kill]) -> tuple[int, int]:
+    """Tasks that recorded an end more than once, and how many of those a kill
+    explains: the process that recorded an earlier end was killed after it, before its
+    commit (a task records its end just before committing), so the task ran again."""
+    ends: dict[str, list[Record]] = defaultdict(list)
+    for r in records:
+        if r.kind == "end":
+            ends[r.label].append(r)
+    twice = [sorted(rs, key=lambda r: r.ms) for rs in ends.values() if len(rs) > 1]
+    explained = sum(
+        1
+        for rs in twice
+        if all(any(r.pid in k.pids and k.at_ms >= r.ms for k in kills) for r in rs[:-1])
+    )
+    return len(twice), explained
 
 
 def handovers(records: list[Record], capacity: int = CAPACITY) -> list[float]:
@@ -262,14 +279,12 @@ def kill_phase(client, workers: list, args: argparse.Namespace) -> dict[str, Any
     records = _records(client, run)
     most = most_at_once(spans(records, kills))
     waits, never = slot_restarts(records, kills)
-    ends = defaultdict(int)
-    for r in records:
-        if r.kind == "end":
-            ends[r.label] += 1
+    twice, explained = ended_twice(records, kills)
     return {
         "tasks": args.tasks, "keys": args.keys, "work_s": args.work, "kills": len(kills),
         "elapsed_s": round(elapsed, 1), "push_s": round(pushed_s, 2),
-        "ended": len(ends), "ended_twice": sum(1 for n in ends.values() if n > 1),
+        "ended": len({r.label for r in records if r.kind == "end"}),
+        "ended_twice": twice, "ended_twice_killed_before_commit": explained,
         "runs_cut_short": len(waits) + never,
         "max_per_key": max(most.values(), default=0), "keys_at_max": sum(
             1 for v in most.values() if v == max(most.values(), default=0)),
@@ -278,6 +293,29 @@ def kill_phase(client, workers: list, args: argparse.Namespace) -> dict[str, Any
         "handover_with_queue_ms": _spread(handovers(records), 1),
         "limit_keys_left": _limit_keys_left(client),
     }  # fmt: skip
+
+
+def idle_dispatch(client, n: int) -> dict[str, dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """Push -> start on idle workers, one task at a time, alternating: ``demo.work`` (no
+    limit: the push queues it) and ``demo.lim.per_key`` with a key of its own (a free
+    slot, taken at push; the scanner leader dispatches it). Beside the hand-over, it
+    tells the dispatch path's share from the hand-over's own."""
+    from testproject.demo import limit_tasks
+    from testproject.demo.tasks import work
+
+    waits: dict[str, list[float]] = {"no limit": [], "free slot": []}
+    for i in range(n):
+        pushed = time.time()
+        work.push(f"idle-{i}", 0.0)
+        _wait_done(client, [f"idle-{i}"], 30)
+        started = client.lrange(f"demo:start:idle-{i}", 0, 0)[0].split(":")[1]
+        waits["no limit"].append((float(started) - pushed) * 1000)
+        pushed = time.time()
+        limit_tasks.per_key.push("idle", f"i{i}", f"i{i}", 0.0)
+        _wait_ended(client, "idle", {f"i{i}"}, 30)
+        started_ms = next(r.ms for r in _records(client, "idle") if r.label == f"i{i}")
+        waits["free slot"].append(started_ms - pushed * 1000)
+    return {name: _spread(values, 1) for name, values in waits.items()}
 
 
 def handover_phase(client, n: int) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -296,6 +334,7 @@ def handover_phase(client, n: int) -> dict[str, Any]:  # type: ignore[no-untyped
         "handover_ms": _spread(latencies, 1),
         "max_at_once": max(most_at_once(spans(records, [])).values(), default=0),
         "handover_latencies_ms": sorted(latencies),
+        "push_to_start_idle_ms": idle_dispatch(client, 20),
         "limit_keys_left": _limit_keys_left(client),
     }
 
@@ -365,9 +404,11 @@ CONTENDERS = {
 }
 
 
-def throughput_run(task: str, code: Path, n: int, log_dir: Path, name: str) -> float:
+def throughput_run(task: str, code: Path, n: int, log_dir: Path, name: str) -> tuple[float, float]:
     """Tasks per second for ``n`` no-op tasks of ``task`` on the build at ``code``
-    (producer and worker), first push past the warm-up one to the last run."""
+    (producer and worker), first push past the warm-up one to the last run; and the CPU
+    ms per task of the producer, the worker (main and pool processes) and redis-server
+    together over that span, which a loaded machine moves less than a rate."""
     from testproject.harness import CeleryWorker, worker_env
 
     env = {**AS_SHIPPED, "PYTHONPATH": str(code)}
@@ -387,38 +428,49 @@ def throughput_run(task: str, code: Path, n: int, log_dir: Path, name: str) -> f
             if ready[:1] != ["ready"] or not ready[1].startswith(str(code)):
                 raise RuntimeError(f"{name}: the producer did not run {code}'s code: {ready}")
             _wait_done(client, labels[:1], 60)
+            pids = [producer.pid, server.pid, worker.pid, *(p.pid for p in worker.children())]
+            cpu = _cpu_s(pids)
             t0 = time.perf_counter()
             producer.stdin.write("go\n")
             producer.stdin.flush()
             _wait_done(client, labels[1:], 600)
             elapsed = time.perf_counter() - t0
+            cpu = _cpu_s(pids) - cpu
             producer.wait(60)
         finally:
             if producer.poll() is None:
                 producer.kill()
                 producer.wait()
             worker.stop()
-    return (n - 1) / elapsed
+    return (n - 1) / elapsed, cpu * 1000 / (n - 1)
 
 
 def throughput_phase(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     rates: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+    cpu: dict[str, list[float]] = {c: [] for c in CONTENDERS}
     with before_checkout(LIMITS_LUA) as before:
         builds = {"now": REPO, "before": before}
         for r in range(args.rounds):
             names = list(CONTENDERS)
             for contender in names[r % 3 :] + names[: r % 3]:  # rotate: drift hits all
                 task, build = CONTENDERS[contender]
-                rate = throughput_run(task, builds[build], args.noop, log_dir, contender)
+                rate, ms = throughput_run(task, builds[build], args.noop, log_dir, contender)
                 rates[contender].append(rate)
-                print(f"  round {r + 1} {contender:<20} {rate:8.1f} tasks/s", flush=True)
+                cpu[contender].append(ms)
+                print(f"  round {r + 1} {contender:<20} {rate:8.1f} tasks/s, "
+                      f"{ms:.3f} CPU ms per task", flush=True)  # fmt: skip
     now_over_before = [n / b for n, b in zip(rates["now"], rates["before"], strict=True)]
     gate = [w / n for w, n in zip(rates["limit_never_reached"], rates["now"], strict=True)]
     return {
         "tasks": args.noop, "rounds": args.rounds,
         "tasks_per_s": {c: round(statistics.median(v), 1) for c, v in rates.items()},
         "all_rounds": {c: [round(x, 1) for x in v] for c, v in rates.items()},
+        "cpu_ms_per_task": {c: round(statistics.median(v), 3) for c, v in cpu.items()},
+        "all_rounds_cpu_ms": {c: [round(x, 3) for x in v] for c, v in cpu.items()},
         "now_over_before": round(statistics.median(now_over_before), 4),
+        "cpu_now_over_before": round(
+            statistics.median(n / b for n, b in zip(cpu["now"], cpu["before"], strict=True)), 4
+        ),
         "limit_never_reached_over_now": round(statistics.median(gate), 4),
     }  # fmt: skip
 
@@ -449,7 +501,8 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def report(result: dict[str, Any]) -> None:
     kills, hand, rate, tp = (result[k] for k in ("kills", "handover", "rate", "throughput"))
-    print(f"\nkills: {kills['ended']}/{kills['tasks']} tasks ended ({kills['ended_twice']} twice) "
+    print(f"\nkills: {kills['ended']}/{kills['tasks']} tasks ended ({kills['ended_twice']} twice, "
+          f"{kills['ended_twice_killed_before_commit']} of them killed before their commit) "
           f"in {kills['elapsed_s']} s, {kills['kills']} whole-worker kills, "
           f"{kills['runs_cut_short']} runs cut short")  # fmt: skip
     print(f"  most at once per key: {kills['max_per_key']} ({kills['keys_at_max']} keys at it)")
@@ -459,11 +512,15 @@ def report(result: dict[str, Any]) -> None:
     print(f"  rl:lim:* keys left: {kills['limit_keys_left'] or 'none'}")
     print(f"hand-over (1 key, processes to spare): {hand['handover_ms']} ms, at most "
           f"{hand['max_at_once']} at once")  # fmt: skip
+    for name, spread in hand["push_to_start_idle_ms"].items():
+        print(f"  push -> start on idle workers, {name}: {spread} ms")
     print(f"  rl:lim:* keys left: {hand['limit_keys_left'] or 'none'}")
     print(f"rate {rate['rate']}: {rate['starts']} starts, {rate['per_s']}/s over "
           f"{rate.get('steady_span_s')} s past the burst; "
           f"10 s windows: {rate['windows_per_s']}")  # fmt: skip
     print(f"throughput, median tasks/s over {tp['rounds']} round(s): {tp['tasks_per_s']}")
+    print(f"  CPU ms per task (producer + worker + redis-server): {tp['cpu_ms_per_task']}; "
+          f"this build / before: {tp['cpu_now_over_before']}")  # fmt: skip
     print(f"  limit never reached / no limit: {tp['limit_never_reached_over_now']}")
     print("\nfigure | measured | target | verdict")
     for v in result["targets"]:
