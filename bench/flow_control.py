@@ -28,7 +28,7 @@ met / MISSED (never asserted: the machine is shared):
   push to last run, on this build and on the build before flow control (the parent of
   the commit that added ``_limits.lua``, in a temporary git worktree; its producer and
   worker both run that build's code); target: this build >= 0.97 x the one before
-  (median over ``--rounds`` rounds (5) of the ratio within a round, the order rotating).
+  (median over ``--rounds`` rounds (7) of the ratio within a round, the order rotating).
   Beside it, the same tasks under ``concurrency=10_000``, a limit never reached
   (testproject/demo/bench_limit_tasks.py): what the gate itself costs a task.
 
@@ -50,7 +50,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bench.common import AS_SHIPPED, REPO, percentile, private_redis, setup_django, write_result
+from bench.common import (
+    AS_SHIPPED,
+    REPO,
+    command_counts,
+    diff_counts,
+    percentile,
+    private_redis,
+    setup_django,
+    write_result,
+)
 from bench.delivery import _point_at
 from bench.pop_trace import before_checkout
 from bench.throughput import _cpu_s, _wait_done
@@ -66,7 +75,7 @@ TARGETS = {
 }
 LIMITS_LUA = "relier_django/core/store/lua/_limits.lua"
 DEFAULTS = {"tasks": 1000, "keys": 50, "kills": 5, "work": 0.2, "handovers": 200,
-            "rate_s": 60.0, "noop": 2000, "rounds": 5, "seed": 38}  # fmt: skip
+            "rate_s": 60.0, "noop": 2000, "rounds": 7, "seed": 38}  # fmt: skip
 SMALL = {"tasks": 100, "keys": 10, "kills": 2, "work": 0.2, "handovers": 30,
          "rate_s": 10.0, "noop": 300, "rounds": 1, "seed": 38}  # fmt: skip
 
@@ -404,11 +413,14 @@ CONTENDERS = {
 }
 
 
-def throughput_run(task: str, code: Path, n: int, log_dir: Path, name: str) -> tuple[float, float]:
-    """Tasks per second for ``n`` no-op tasks of ``task`` on the build at ``code``
-    (producer and worker), first push past the warm-up one to the last run; and the CPU
-    ms per task of the producer, the worker (main and pool processes) and redis-server
-    together over that span, which a loaded machine moves less than a rate."""
+def throughput_run(task: str, code: Path, n: int, log_dir: Path, name: str) -> dict[str, float]:
+    """``n`` no-op tasks of ``task`` on the build at ``code`` (producer and worker),
+    first push past the warm-up one to the last run: tasks per second; the CPU ms per
+    task of the producer, the worker (main and pool processes) and redis-server
+    together, which a loaded machine moves less than a rate; redis-server's own CPU
+    µs per task; and the commands Redis ran per task (scripts counted as their inner
+    commands too, as ``INFO commandstats`` does; the bench's own polls left out),
+    which the machine's load does not move at all."""
     from testproject.harness import CeleryWorker, worker_env
 
     env = {**AS_SHIPPED, "PYTHONPATH": str(code)}
@@ -429,49 +441,65 @@ def throughput_run(task: str, code: Path, n: int, log_dir: Path, name: str) -> t
                 raise RuntimeError(f"{name}: the producer did not run {code}'s code: {ready}")
             _wait_done(client, labels[:1], 60)
             pids = [producer.pid, server.pid, worker.pid, *(p.pid for p in worker.children())]
-            cpu = _cpu_s(pids)
+            cpu, redis_cpu, commands = _cpu_s(pids), _cpu_s([server.pid]), command_counts(client)
             t0 = time.perf_counter()
             producer.stdin.write("go\n")
             producer.stdin.flush()
             _wait_done(client, labels[1:], 600)
             elapsed = time.perf_counter() - t0
-            cpu = _cpu_s(pids) - cpu
+            cpu, redis_cpu = _cpu_s(pids) - cpu, _cpu_s([server.pid]) - redis_cpu
+            used = diff_counts(command_counts(client), commands)
             producer.wait(60)
         finally:
             if producer.poll() is None:
                 producer.kill()
                 producer.wait()
             worker.stop()
-    return (n - 1) / elapsed, cpu * 1000 / (n - 1)
+    own = {"llen", "info"}  # the bench's progress polls and its counting
+    return {
+        "tasks_per_s": (n - 1) / elapsed,
+        "cpu_ms": cpu * 1000 / (n - 1),
+        "redis_cpu_us": redis_cpu * 1e6 / (n - 1),
+        "commands": sum(v for k, v in used.items() if k not in own) / (n - 1),
+        "scripts": (used.get("evalsha", 0) + used.get("eval", 0)) / (n - 1),
+    }
 
 
 def throughput_phase(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
-    rates: dict[str, list[float]] = {c: [] for c in CONTENDERS}
-    cpu: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+    runs: dict[str, list[dict[str, float]]] = {c: [] for c in CONTENDERS}
     with before_checkout(LIMITS_LUA) as before:
         builds = {"now": REPO, "before": before}
         for r in range(args.rounds):
             names = list(CONTENDERS)
             for contender in names[r % 3 :] + names[: r % 3]:  # rotate: drift hits all
                 task, build = CONTENDERS[contender]
-                rate, ms = throughput_run(task, builds[build], args.noop, log_dir, contender)
-                rates[contender].append(rate)
-                cpu[contender].append(ms)
-                print(f"  round {r + 1} {contender:<20} {rate:8.1f} tasks/s, "
-                      f"{ms:.3f} CPU ms per task", flush=True)  # fmt: skip
-    now_over_before = [n / b for n, b in zip(rates["now"], rates["before"], strict=True)]
-    gate = [w / n for w, n in zip(rates["limit_never_reached"], rates["now"], strict=True)]
+                found = throughput_run(task, builds[build], args.noop, log_dir, contender)
+                runs[contender].append(found)
+                print(f"  round {r + 1} {contender:<20} {found['tasks_per_s']:8.1f} tasks/s, "
+                      f"{found['cpu_ms']:.3f} CPU ms, {found['redis_cpu_us']:.0f} redis µs, "
+                      f"{found['commands']:.2f} commands per task", flush=True)  # fmt: skip
+
+    def median(contender: str, figure: str, digits: int) -> float:
+        return round(statistics.median(run[figure] for run in runs[contender]), digits)
+
+    def ratio(a: str, b: str, figure: str) -> float:
+        pairs = zip(runs[a], runs[b], strict=True)
+        return round(statistics.median(x[figure] / y[figure] for x, y in pairs), 4)
+
     return {
         "tasks": args.noop, "rounds": args.rounds,
-        "tasks_per_s": {c: round(statistics.median(v), 1) for c, v in rates.items()},
-        "all_rounds": {c: [round(x, 1) for x in v] for c, v in rates.items()},
-        "cpu_ms_per_task": {c: round(statistics.median(v), 3) for c, v in cpu.items()},
-        "all_rounds_cpu_ms": {c: [round(x, 3) for x in v] for c, v in cpu.items()},
-        "now_over_before": round(statistics.median(now_over_before), 4),
-        "cpu_now_over_before": round(
-            statistics.median(n / b for n, b in zip(cpu["now"], cpu["before"], strict=True)), 4
-        ),
-        "limit_never_reached_over_now": round(statistics.median(gate), 4),
+        "tasks_per_s": {c: median(c, "tasks_per_s", 1) for c in CONTENDERS},
+        "cpu_ms_per_task": {c: median(c, "cpu_ms", 3) for c in CONTENDERS},
+        "redis_cpu_us_per_task": {c: median(c, "redis_cpu_us", 1) for c in CONTENDERS},
+        "redis_commands_per_task": {c: median(c, "commands", 2) for c in CONTENDERS},
+        "redis_scripts_per_task": {c: median(c, "scripts", 2) for c in CONTENDERS},
+        "all_rounds": {c: [{k: round(v, 3) for k, v in run.items()} for run in runs[c]]
+                       for c in CONTENDERS},
+        "now_over_before": ratio("now", "before", "tasks_per_s"),
+        "cpu_now_over_before": ratio("now", "before", "cpu_ms"),
+        "redis_cpu_now_over_before": ratio("now", "before", "redis_cpu_us"),
+        "limit_never_reached_over_now": ratio("limit_never_reached", "now", "tasks_per_s"),
+        "cpu_limit_never_reached_over_now": ratio("limit_never_reached", "now", "cpu_ms"),
     }  # fmt: skip
 
 
@@ -518,10 +546,16 @@ def report(result: dict[str, Any]) -> None:
     print(f"rate {rate['rate']}: {rate['starts']} starts, {rate['per_s']}/s over "
           f"{rate.get('steady_span_s')} s past the burst; "
           f"10 s windows: {rate['windows_per_s']}")  # fmt: skip
-    print(f"throughput, median tasks/s over {tp['rounds']} round(s): {tp['tasks_per_s']}")
-    print(f"  CPU ms per task (producer + worker + redis-server): {tp['cpu_ms_per_task']}; "
-          f"this build / before: {tp['cpu_now_over_before']}")  # fmt: skip
-    print(f"  limit never reached / no limit: {tp['limit_never_reached_over_now']}")
+    print(f"throughput, medians over {tp['rounds']} round(s): tasks/s {tp['tasks_per_s']}")
+    print(f"  CPU ms per task (producer + worker + redis-server): {tp['cpu_ms_per_task']}")
+    print(f"  redis-server CPU µs per task: {tp['redis_cpu_us_per_task']}")
+    print(f"  Redis commands per task: {tp['redis_commands_per_task']}, "
+          f"of them scripts: {tp['redis_scripts_per_task']}")  # fmt: skip
+    print(f"  this build / before: tasks/s {tp['now_over_before']}, CPU per task "
+          f"{tp['cpu_now_over_before']}, redis-server CPU per task "
+          f"{tp['redis_cpu_now_over_before']}")  # fmt: skip
+    print(f"  limit never reached / no limit: tasks/s {tp['limit_never_reached_over_now']}, "
+          f"CPU per task {tp['cpu_limit_never_reached_over_now']}")  # fmt: skip
     print("\nfigure | measured | target | verdict")
     for v in result["targets"]:
         print(f"{v['figure']} | {v['measured']} | {v['target']} | "
