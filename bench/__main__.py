@@ -10,6 +10,7 @@ from bench import (
     cluster_cost,
     delivery,
     dlq_pages,
+    flow_control,
     parity,
     pop_trace,
     push_overhead,
@@ -48,6 +49,9 @@ BENCHMARKS = {
     "parity": (parity.main, []),
     # The delivery ledger's Redis memory and command time per task (relier_audit).
     "audit_ledger": (audit_ledger.main, []),
+    # Issue 38: per-key concurrency through whole-worker kills, the hand-over, a
+    # cluster-wide rate, and no-op throughput against the build before flow control.
+    "flow_control": (flow_control.main, []),
 }
 
 if __name__ == "__main__":

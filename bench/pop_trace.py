@@ -52,15 +52,15 @@ TAKE = "relier_django/core/store/lua/take.lua"
 
 
 @contextlib.contextmanager
-def before_checkout() -> Iterator[Path]:
-    """This repository at the parent of the commit that added take.lua, in a temporary
-    worktree, removed on exit."""
+def before_checkout(added_file: str = TAKE) -> Iterator[Path]:
+    """This repository at the parent of the commit that added ``added_file`` (take.lua),
+    in a temporary worktree, removed on exit."""
     added = subprocess.run(
-        ["git", "log", "--diff-filter=A", "--format=%H", "--", TAKE],
+        ["git", "log", "--diff-filter=A", "--format=%H", "--", added_file],
         cwd=REPO, check=True, capture_output=True, text=True,
     ).stdout.split()  # fmt: skip
     if not added:
-        raise RuntimeError(f"{TAKE} is not committed yet: no 'before' to compare with")
+        raise RuntimeError(f"{added_file} is not committed yet: no 'before' to compare with")
     with tempfile.TemporaryDirectory(prefix="relier-before-") as tmp:
         path = Path(tmp) / "checkout"
         git = ["git", "-C", str(REPO)]

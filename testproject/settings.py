@@ -166,6 +166,7 @@ CELERY_IMPORTS = [
     "testproject.demo.limit_tasks",  # flow control's (tests, chaos, bench/flow_control.py)
     "testproject.demo.bound_tasks",  # Celery's bound-task idioms (issue 39)
     "testproject.demo.progress_tasks",  # progress reporting's (tests/integration)
+    "testproject.demo.bench_limit_tasks",  # bench/flow_control.py's throughput contender
 ]
 
 LOGGING = {
