@@ -80,7 +80,8 @@ class Lab:
         self, server: RedisServer, directory: Path, db: SharedDatabase, proxy: LostReplyProxy
     ) -> None:
         self.server, self.directory, self.db, self.proxy = server, directory, db, proxy
-        self.redis = server.client(decode_responses=True)
+        # Every cell polls from a thread of its own: more than redis-py's default pool (100).
+        self.redis = server.client(decode_responses=True, max_connections=2000)
         self.keys = KeySpace("rl")
         self.observe = config.current().replace(redis_url=server.url)  # a direct config
         self.steady = [self._worker(f"w{i}", DEFAULT_QUEUE) for i in (1, 2)]

@@ -36,6 +36,8 @@ _MAX_BLOCK_S = 1.0
 _MIN_BLOCK_S = 0.005
 # Below this, wait on the local clock (see _sleep): more than one Redis clock tick.
 _LOCAL_WAIT_S = 0.15
+# Below this, a wait for a check or a pass is not worth a round trip.
+_MIN_WAKE_WAIT_S = 0.02
 # Errors that mean the store is away for now, not that a step is wrong.
 _AWAY = (
     redis.exceptions.ConnectionError,
@@ -230,14 +232,25 @@ class Scanner:
             return self._stop.wait(until_pass_s)
         try:
             due_in = self.dispatcher.next_due_in_s()
-            nap = min(t for t in (until_pass_s, due_in, tick_in_s) if t is not None)
-            if nap <= _LOCAL_WAIT_S:
-                # Redis ends a blocking wait only on its clock tick (100 ms at hz 10):
-                # the last stretch before a due time is waited here, to the ms.
-                return self._stop.wait(max(nap, _MIN_BLOCK_S))
-            # Bounded by the client's socket timeout, and short enough that stop() is
-            # seen within a pass; woken early by a push with a new earliest due time.
-            self.dispatcher.wait(min(nap - _LOCAL_WAIT_S, _MAX_BLOCK_S))
+            due = min((t for t in (due_in, tick_in_s) if t is not None), default=None)
+            if due is not None and due <= until_pass_s:
+                if due <= _LOCAL_WAIT_S:
+                    # Redis ends a blocking wait only on its clock tick (100 ms at hz
+                    # 10): the last stretch before a due time is waited here, to the ms.
+                    return self._stop.wait(max(due, _MIN_BLOCK_S))
+                # Bounded by the client's socket timeout, and short enough that stop()
+                # is seen within a pass; woken early by a push with a new earliest due
+                # time.
+                self.dispatcher.wait(min(due - _LOCAL_WAIT_S, _MAX_BLOCK_S))
+            elif until_pass_s <= _MIN_WAKE_WAIT_S:
+                return self._stop.wait(until_pass_s)
+            else:
+                # Next comes a death check or a pass, which need no precision: wait on
+                # the wake-up list all the same, so that a task made due now (a freed
+                # slot handed over, a limited push with a free one) is dispatched at
+                # once instead of after the local wait (up to 150 ms, every 250 ms).
+                # Redis may end it up to a clock tick late: a check a little late.
+                self.dispatcher.wait(min(until_pass_s, _MAX_BLOCK_S))
         except Exception:
             logger.warning("waiting for scheduled tasks failed", exc_info=True)
             return self._stop.wait(until_pass_s)
