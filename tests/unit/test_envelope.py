@@ -176,12 +176,12 @@ def test_an_envelope_without_a_schema_version_reads_as_version_1():
 
 def test_fields_from_a_newer_release_are_kept_and_written_back():
     body = json.loads(ENV.encode())
-    body["priority"] = {"level": 5}
+    body["urgency"] = {"level": 5}
     env = decode(with_checksum(body))
-    assert env.extra == {"priority": {"level": 5}}
+    assert env.extra == {"urgency": {"level": 5}}
     # A retry or resurrection on this older worker re-emits it, checksummed.
     again = json.loads(env.next_incarnation().encode())
-    assert again["priority"] == {"level": 5}
+    assert again["urgency"] == {"level": 5}
     assert decode(json.dumps(again)).extra == env.extra
 
 
