@@ -6,17 +6,23 @@ on the private RabbitMQ node (a queue declared with ``x-max-priority``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+from kombu.transport import redis as kombu_redis
 
 from relier_django import testing
 from relier_django.core.broker.redis_channel import LOWEST_EVERY
 from relier_django.core.model import config
 from relier_django.core.store.connection import sync_client
 from relier_django.tasks.backend import celery_priority
+from relier_django.transport import Transport
 from testproject.demo import jobs, tasks
 from testproject.harness import process_pointed_at, wait_until
 from tests.chaos.test_resurrection import FAST
 
+_TRANSPORTS = {"relier": Transport, "kombu": kombu_redis.Transport}
 ONE_AT_A_TIME = {"CELERY_WORKER_PREFETCH_MULTIPLIER": "1"}
 
 # (priority, label) pushed in this order; None is a push without a priority.
@@ -134,3 +140,61 @@ def test_django_tasks_run_a_backlog_highest_priority_first(worker_factory, redis
         jobs.in_order.using(priority=priority).enqueue("django", label)
     worker_factory(concurrency=1, extra_env=ONE_AT_A_TIME)
     assert _order("django", 4) == ["highest", "high", "default", "lowest"]
+
+
+def _kombu_publish(url: str, transport: Any, queue: Queue, bodies: list[tuple[int | None, str]]):
+    with Connection(url, transport=transport) as conn:
+        producer = Producer(conn.default_channel)
+        for priority, body in bodies:
+            producer.publish(
+                body, exchange=queue.exchange, routing_key=queue.routing_key,
+                declare=[queue], priority=priority,
+            )  # fmt: skip
+
+
+def _drain(url: str, queue: Queue, count: int) -> list[str]:
+    """What a kombu consumer on relier's transport, with no taker (kombu's BRPOP; a
+    worker takes with take.lua instead), receives, one at a time."""
+    got: list[str] = []
+    with Connection(url, transport=Transport) as conn:
+
+        def on_message(body: str, message: Any) -> None:
+            got.append(body)
+            message.ack()
+
+        consumer = Consumer(conn.channel(), [queue], callbacks=[on_message])
+        consumer.qos(prefetch_count=1)
+        consumer.consume()
+        while len(got) < count:
+            conn.drain_events(timeout=5)
+    return got
+
+
+@pytest.mark.parametrize("producer", ["relier", "kombu"])
+def test_a_plain_consumer_on_relier_transport_takes_the_highest_first_and_keeps_the_bound(
+    producer, redis_server, redis_client
+):
+    """Whoever queued them (kombu's own transport files priority 7 under its level 6),
+    relier's transport asks every level, highest first; its BRPOP keeps the fairness
+    turn too."""
+    queue = Queue("pq", Exchange("pq", type="direct"), routing_key="pq")
+    backlog: list[tuple[int | None, str]] = [
+        (0, "p0"), (5, "p5"), (None, "none"), (9, "p9"), (3, "p3"), (7, "p7"),
+    ]  # fmt: skip
+    _kombu_publish(redis_server.url, _TRANSPORTS[producer], queue, backlog)
+    assert _drain(redis_server.url, queue, 6) == ["p9", "p7", "p5", "p3", "p0", "none"]
+    urgent = [(9, f"high-{i}") for i in range(LOWEST_EVERY + 2)]
+    _kombu_publish(redis_server.url, _TRANSPORTS[producer], queue, [(1, "low"), *urgent])
+    order = _drain(redis_server.url, queue, len(urgent) + 1)
+    assert order.index("low") <= LOWEST_EVERY - 1
+
+
+def test_basic_get_takes_the_highest_priority_first(redis_server, redis_client):
+    queue = Queue("gq", Exchange("gq", type="direct"), routing_key="gq")
+    _kombu_publish(redis_server.url, Transport, queue, [(2, "p2"), (8, "p8"), (None, "none")])
+    with Connection(redis_server.url, transport=Transport) as conn:
+        channel = conn.channel()
+        got = [channel.basic_get("gq", no_ack=True).body for _ in range(3)]
+    assert [body.decode() if isinstance(body, bytes) else body for body in got] == [
+        "p8", "p2", "none"
+    ]  # fmt: skip
