@@ -275,6 +275,7 @@ def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
                 queue=options.get("queue") or spec.queue or "",
                 immutable=bool(sig.immutable),
                 version=spec.schema.version,
+                priority=_step_priority(options, spec),
             )
         )
     return steps
@@ -326,6 +327,7 @@ def _linked(app: Any, given: Any, *, errback: bool) -> list[workflow.Step]:
                 task=spec.name, id=chosen or uuid.uuid4().hex, args=sig_args,
                 kwargs=sig_kwargs, queue=sig.options.get("queue") or spec.queue or "",
                 immutable=bool(sig.immutable), version=spec.schema.version,
+                priority=_step_priority(sig.options, spec),
                 max_resurrections=(
                     (config.current().max_resurrections if limit is None else limit)
                     if errback else None
@@ -333,6 +335,16 @@ def _linked(app: Any, given: Any, *, errback: bool) -> list[workflow.Step]:
             )
         )  # fmt: skip
     return out
+
+
+def _step_priority(options: Mapping[str, Any], spec: TaskSpec) -> int | None:
+    """The priority of a task a commit or a filing creates (a chain's later step, a
+    chord's callback, a link's callback or errback): its signature's own
+    (``.set(priority=)``), else its task's default."""
+    given = options.get("priority")
+    if given is None:
+        return spec.priority
+    return options_mod.check_priority(given, f"chain step {spec.name!r} priority")
 
 
 def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:

@@ -198,3 +198,16 @@ def test_basic_get_takes_the_highest_priority_first(redis_server, redis_client):
     assert [body.decode() if isinstance(body, bytes) else body for body in got] == [
         "p8", "p2", "none"
     ]  # fmt: skip
+
+
+def test_a_chains_later_step_is_queued_with_its_signatures_priority(worker_factory, redis_client):
+    """The step a commit creates carries its signature's priority (else its task's): it
+    is taken before the backlog of lower priority that waited before it existed."""
+    head = tasks.in_order.si("chain", "head").set(priority=9)
+    (head | tasks.in_order.si("chain", "step").set(priority=9)).apply_async()
+    for label in ("low-a", "low-b", "low-c"):
+        tasks.in_order.push("chain", label)
+    worker_factory(concurrency=1, extra_env=ONE_AT_A_TIME)
+    order = _order("chain", 5)
+    # One message may be taken while the head runs, before its commit creates the step.
+    assert order[0] == "head" and order.index("step") <= 2 and order[-1] == "low-c", order
