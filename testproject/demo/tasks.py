@@ -703,7 +703,7 @@ def plain_sum(self: Any, values: list[int], start: int = 0) -> int:
 @rl_task(name="demo.in_order")
 def in_order(line: str, label: str) -> str:
     """Appends ``label`` to ``demo:order:<line>``: the order a worker ran a backlog in
-    (tests/integration/test_priorities.py)."""
+    (tests/integration/celery_compat/test_priorities.py)."""
     _redis().rpush(f"demo:order:{line}", label)
     return label
 
