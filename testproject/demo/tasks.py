@@ -713,3 +713,9 @@ def urgent(line: str, label: str) -> str:
     """``in_order`` with a default priority of 9: taken before the rest."""
     _redis().rpush(f"demo:order:{line}", label)
     return label
+
+
+@rl_task(name="demo.own_priority", bind=True, priority=3)
+def own_priority(self: TaskContext) -> int | None:
+    """Its incarnation's priority, as Celery's ``self.request.priority`` reads it."""
+    return self.request.priority

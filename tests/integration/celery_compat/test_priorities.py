@@ -211,3 +211,8 @@ def test_a_chains_later_step_is_queued_with_its_signatures_priority(worker_facto
     order = _order("chain", 5)
     # One message may be taken while the head runs, before its commit creates the step.
     assert order[0] == "head" and order.index("step") <= 2 and order[-1] == "low-c", order
+
+
+def test_the_running_task_reads_its_priority_from_self_request(worker, redis_client):
+    assert tasks.own_priority.push().get(timeout=30) == 3  # the task's default
+    assert tasks.own_priority.apply_async(priority=8).get(timeout=30) == 8
