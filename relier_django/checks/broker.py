@@ -211,7 +211,7 @@ _INVERTED_PRIORITY_OPTIONS = ("priority_steps", "queue_order_strategy")
 def check_redis_priorities(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """relier.W010: a Redis broker whose transport options tune kombu's priorities
+    """relier.W011: a Redis broker whose transport options tune kombu's priorities
     (``priority_steps``, ``queue_order_strategy``), where priority 0 is taken first;
     relier takes 9 first on every broker, so the site's priorities run the other way.
 
@@ -237,6 +237,6 @@ def check_redis_priorities(
             f"{', '.join(repr(name) for name in tuned)} from "
             "CELERY_BROKER_TRANSPORT_OPTIONS (relier's transport has a list per level); "
             "docs/from-celery.md.",
-            id="relier.W010",
+            id="relier.W011",
         )
     ]
