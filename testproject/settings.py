@@ -115,6 +115,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER",
 # tests/integration/celery_compat/test_rabbitmq_broker.py.
 CELERY_TASK_DEFAULT_QUEUE_TYPE = env.str("CELERY_TASK_DEFAULT_QUEUE_TYPE", default="classic")
 CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="celery")
+# RabbitMQ's x-max-priority on the queues Celery declares, for the priority tests.
+if env.str("CELERY_TASK_QUEUE_MAX_PRIORITY", default=""):
+    CELERY_TASK_QUEUE_MAX_PRIORITY = env.int("CELERY_TASK_QUEUE_MAX_PRIORITY")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {

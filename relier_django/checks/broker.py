@@ -201,3 +201,42 @@ def check_broker_transport(
             )
         ]
     return []
+
+
+#: kombu's Redis transport options that only a site tuning kombu's inverted priorities sets.
+_INVERTED_PRIORITY_OPTIONS = ("priority_steps", "queue_order_strategy")
+
+
+@register(TAG)
+def check_redis_priorities(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """relier.W011: a Redis broker whose transport options tune kombu's priorities
+    (``priority_steps``, ``queue_order_strategy``), where priority 0 is taken first;
+    relier takes 9 first on every broker, so the site's priorities run the other way.
+
+    Returns:
+        At most one warning.
+    """
+    celery_conf = current_app.conf
+    url = str(celery_conf.broker_url or "").split(";", 1)[0].strip()
+    if urlsplit(url).scheme not in ("redis", "rediss", "sentinel", "redis+socket"):
+        return []
+    options = celery_conf.broker_transport_options or {}
+    tuned = [name for name in _INVERTED_PRIORITY_OPTIONS if name in options]
+    if not tuned:
+        return []
+    return [
+        CheckWarning(
+            f"Celery's broker options set {' and '.join(tuned)}, which tune kombu's Redis "
+            "priorities, where priority 0 is taken first. relier_django takes the highest "
+            "first on every broker (9 before 0, as RabbitMQ and django.tasks do), so "
+            "priorities written for kombu's Redis now run in reverse.",
+            hint="Turn each priority p into 9 - p (apply_async(priority=0) becomes "
+            "priority=9), then remove "
+            f"{', '.join(repr(name) for name in tuned)} from "
+            "CELERY_BROKER_TRANSPORT_OPTIONS (relier's transport has a list per level); "
+            "docs/from-celery.md.",
+            id="relier.W011",
+        )
+    ]

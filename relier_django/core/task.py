@@ -93,6 +93,7 @@ class RelierTask(Task):
         expires: float | timedelta | datetime | None = None,
         debounce_s: float | timedelta | None = None,
         debounce_key: str | None = None,
+        priority: int | None = None,
     ) -> PushWith:
         """Options for one push, apart from the task's arguments (no parameter name of
         a task is reserved): ``task.push_with(using="orders").push(order_id)``.
@@ -116,11 +117,15 @@ class RelierTask(Task):
                 a new window (docs/flow-control.md, "Debounce").
             debounce_key: the key pushes are debounced under (default: the task's
                 arguments); always within the task's own name.
+            priority: 0 (lowest) to 9: of the messages waiting in one queue, a higher
+                priority is taken first, on every broker (docs/priorities.md); default
+                the task's ``@rl_task(priority=)``. Eager mode ignores it.
 
         Raises:
             TypeError: an option of the wrong type, a naive datetime, ``debounce_key``
                 without ``debounce_s``.
             ValueError: ``using`` together with ``on_commit=False``; a negative countdown;
+                a priority outside 0..9;
                 a due or expiry time outside 0001-01-02 .. 9999-12-31 UTC
                 (``model.timing.LATEST_MS``); ``debounce_s`` with ``countdown`` or
                 ``eta`` (the window is the countdown), or not above 0.
@@ -134,8 +139,10 @@ class RelierTask(Task):
         if window is not None:
             countdown = timedelta(milliseconds=window.window_ms)
         when = timing(countdown, eta, expires)
+        if priority is not None:
+            priority = options_mod.check_priority(priority, "push_with(priority=...)")
         return PushWith(self.relier_spec, self.app, on_commit=on_commit, using=using, when=when,
-                        debounce=window)  # fmt: skip
+                        debounce=window, priority=priority)  # fmt: skip
 
     def delay(self, *args: Any, **kwargs: Any) -> Receipt:
         """Celery's name for :meth:`push`, with the same guarantees."""
@@ -147,14 +154,16 @@ class RelierTask(Task):
         kwargs: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> Receipt:
-        """Celery's ``apply_async``: a :meth:`push` with ``task_id=`` and ``queue=``.
+        """Celery's ``apply_async``: a :meth:`push` with ``task_id=``, ``queue=``,
+        ``countdown=``, ``eta=``, ``expires=`` and ``priority=`` (0..9, 9 first, on
+        every broker).
 
         ``link=`` (one ``@rl_task`` signature or a list) creates each callback with the
         commit, once, with the result as its first argument (not for an immutable
         ``.si()``); ``link_error=`` creates each errback when the task lands in the
         DLQ, once, with the failed task's id as its first argument (docs/workflows.md).
-        Options relier cannot honour yet (``priority``, custom ``headers``, ...) raise
-        ``TypeError`` naming the difference; a few that cannot matter here (``producer``, ``retry``,
+        Options relier cannot honour yet (custom ``headers``, ...) raise ``TypeError``
+        naming the difference; a few that cannot matter here (``producer``, ``retry``,
         ``retry_policy``, ``ignore_result``, beat's header) are accepted. So a beat
         entry naming this task pushes it.
 
@@ -266,6 +275,7 @@ def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
                 queue=options.get("queue") or spec.queue or "",
                 immutable=bool(sig.immutable),
                 version=spec.schema.version,
+                priority=_step_priority(options, spec),
             )
         )
     return steps
@@ -317,6 +327,7 @@ def _linked(app: Any, given: Any, *, errback: bool) -> list[workflow.Step]:
                 task=spec.name, id=chosen or uuid.uuid4().hex, args=sig_args,
                 kwargs=sig_kwargs, queue=sig.options.get("queue") or spec.queue or "",
                 immutable=bool(sig.immutable), version=spec.schema.version,
+                priority=_step_priority(sig.options, spec),
                 max_resurrections=(
                     (config.current().max_resurrections if limit is None else limit)
                     if errback else None
@@ -324,6 +335,16 @@ def _linked(app: Any, given: Any, *, errback: bool) -> list[workflow.Step]:
             )
         )  # fmt: skip
     return out
+
+
+def _step_priority(options: Mapping[str, Any], spec: TaskSpec) -> int | None:
+    """The priority of a task a commit or a filing creates (a chain's later step, a
+    chord's callback, a link's callback or errback): its signature's own
+    (``.set(priority=)``), else its task's default."""
+    given = options.get("priority")
+    if given is None:
+        return spec.priority
+    return options_mod.check_priority(given, f"chain step {spec.name!r} priority")
 
 
 def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:
@@ -433,6 +454,7 @@ def rl_task(
     concurrency_key: Any = None,
     limit: str | None = None,
     rate: str | None = None,
+    priority: int | None = None,
     **celery_options: Any,
 ) -> Any:
     """Declare a task that cannot be lost. Works on ``async def`` and plain ``def``.
@@ -473,6 +495,8 @@ def rl_task(
             ``retry_after_s`` and nothing is stored or sent. The setting
             ``ADMISSION_TASK_LIMITS`` wins over it. Not Celery's ``rate_limit``, which
             is ``rate=`` here.
+        priority: the default priority of its pushes, 0 (lowest) to 9 (taken first,
+            on every broker: docs/priorities.md); a push's own ``priority=`` wins.
         version: the schema version of the task's arguments, carried by every push.
             Bump it when the signature changes in a way old pushes do not fit.
         migrations: ``{from_version: fn(args, kwargs) -> (args, kwargs)}``, one step
@@ -556,6 +580,8 @@ def rl_task(
     if atomic is not False and atomic is not True and not (isinstance(atomic, str) and atomic):
         raise TypeError(f"atomic= takes True or a database alias (a str), got {atomic!r}")
     alias = "default" if atomic is True else (atomic or None)
+    if priority is not None:
+        priority = options_mod.check_priority(priority, "@rl_task(priority=...)")
 
     def decorate(func: Callable[..., Any]) -> RelierTask:
         if not callable(func):
@@ -575,7 +601,7 @@ def rl_task(
                 "asgiref's sync_to_async inside relier_django.inbox.once(ctx)"
             )
         spec = TaskSpec(
-            name=task_name, fn=func, queue=queue, idempotent=idempotent,
+            name=task_name, fn=func, queue=queue, priority=priority, idempotent=idempotent,
             idempotency_key=idempotency_key, result_ttl_s=result_ttl,
             max_resurrections=max_resurrections, retry_on=retry_on, max_retries=max_retries,
             retry_backoff_s=retry_backoff, retry_backoff_max_s=retry_backoff_max,

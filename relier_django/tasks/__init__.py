@@ -32,8 +32,10 @@ What the backend says it supports, and why:
   a broker or a worker's memory; it runs once, never before its time.
 - ``supports_async_task``: an ``async def`` task runs on the worker's event loop.
 - ``supports_get_result``: ``get_result`` reads the store, from any process.
-- ``supports_priority`` is False: relier runs tasks in the order their queue gives
-  them and does not reorder by priority, so a priority would be a promise not kept.
+- ``supports_priority``: of the tasks waiting in one queue, a higher priority is taken
+  first, on every broker; django.tasks' -100..100 maps onto relier's 0..9 in ten equal
+  bands (``backend.celery_priority``: the default 0 is 4), with the starvation bound of
+  docs/priorities.md.
 
 ``enqueue`` inside ``transaction.atomic()`` waits for the commit, as ``push`` does: the
 task is stored and sent when the transaction commits, never if it rolls back; its

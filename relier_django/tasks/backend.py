@@ -258,6 +258,13 @@ def _on_event(event: object) -> None:
         _finished(event.task_id, event.task)
 
 
+def celery_priority(priority: int) -> int:
+    """django.tasks' priority (-100..100, higher first) on relier's 0..9 (9 first): ten
+    equal bands, in order, so a higher django.tasks priority is never taken after a
+    lower one. Django's default 0 is 4; -100 is 0 and 100 is 9."""
+    return min(9, max(0, (priority + 100) * 10 // 201))
+
+
 class RelierBackend(BaseTaskBackend):
     """A ``django.tasks`` backend that runs tasks on Celery workers with relier's
     guarantees: see the module docstring."""
@@ -266,7 +273,7 @@ class RelierBackend(BaseTaskBackend):
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    supports_priority = False
+    supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -281,6 +288,7 @@ class RelierBackend(BaseTaskBackend):
         receipt = producer.push(
             celery_task.relier_spec, celery_task.app, tuple(args), dict(kwargs),
             queue=self._queue(task), when=self._when(task), using=self.using,
+            priority=celery_priority(task.priority),
         )  # fmt: skip
         return self._enqueued(task, args, kwargs, receipt)
 
@@ -291,6 +299,7 @@ class RelierBackend(BaseTaskBackend):
         receipt = await producer.apush(
             celery_task.relier_spec, celery_task.app, tuple(args), dict(kwargs),
             queue=self._queue(task), when=self._when(task), using=self.using,
+            priority=celery_priority(task.priority),
         )  # fmt: skip
         if receipt.deduplicated:
             return await self.aget_result(receipt.duplicate_of or receipt.task_id)

@@ -35,6 +35,13 @@ def add(a: int, b: int) -> int:
 
 
 @task()
+def in_order(line: str, label: str) -> str:
+    """Appends ``label`` to ``demo:order:<line>``: the order a backlog ran in."""
+    _redis().rpush(f"demo:order:{line}", label)
+    return label
+
+
+@task()
 def pair(label: str) -> tuple[str, int]:
     """Returns a tuple, which Django keeps as a list."""
     _redis().rpush(f"demo:exec:{label}", "1")

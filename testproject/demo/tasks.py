@@ -698,3 +698,24 @@ def plain_add(self: Any, x: int, y: int = 0, sleep_s: float = 0.0) -> int:
 def plain_sum(self: Any, values: list[int], start: int = 0) -> int:
     """``demo.step_sum`` as a plain Celery task (a chord callback): ``start + sum(values)``."""
     return _plain_run(self.request, values, start + sum(values), 0.0)
+
+
+@rl_task(name="demo.in_order")
+def in_order(line: str, label: str) -> str:
+    """Appends ``label`` to ``demo:order:<line>``: the order a worker ran a backlog in
+    (tests/integration/celery_compat/test_priorities.py)."""
+    _redis().rpush(f"demo:order:{line}", label)
+    return label
+
+
+@rl_task(name="demo.urgent", priority=9)
+def urgent(line: str, label: str) -> str:
+    """``in_order`` with a default priority of 9: taken before the rest."""
+    _redis().rpush(f"demo:order:{line}", label)
+    return label
+
+
+@rl_task(name="demo.own_priority", bind=True, priority=3)
+def own_priority(self: TaskContext) -> int | None:
+    """Its incarnation's priority, as Celery's ``self.request.priority`` reads it."""
+    return self.request.priority

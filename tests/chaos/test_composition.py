@@ -55,7 +55,7 @@ from tests.composition.matrix import (
 # --- the matrix ----------------------------------------------------------------------
 TRIGGERS = [
     Trigger("direct push", triggers.direct, False, "push() now"),
-    Trigger("countdown", triggers.countdown, False, "a push with a countdown (1.5 s)"),
+    Trigger("countdown", triggers.countdown, False, "a push with a countdown (1.5 s), priority 9"),
     Trigger("periodic tick", triggers.periodic_tick, False, "two ticks of a beat_schedule entry"),
     Trigger("chain head", triggers.chain_head, True, "the first of a chain of three"),
     Trigger("chain step", triggers.chain_step, True, "the second, created by the first's commit"),

@@ -49,7 +49,9 @@ def direct(case: Case) -> Iterator[None]:
 
 
 def countdown(case: Case) -> Iterator[None]:
-    yield from _push_now(case, countdown=COUNTDOWN_S)
+    # With a priority too: every incarnation (dispatch when due, retry, resurrection,
+    # release) is queued on that level's list, the recovery queue's included.
+    yield from _push_now(case, countdown=COUNTDOWN_S, priority=9)
 
 
 def send_task_by_name(case: Case) -> Iterator[None]:

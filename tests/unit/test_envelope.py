@@ -176,12 +176,12 @@ def test_an_envelope_without_a_schema_version_reads_as_version_1():
 
 def test_fields_from_a_newer_release_are_kept_and_written_back():
     body = json.loads(ENV.encode())
-    body["priority"] = {"level": 5}
+    body["urgency"] = {"level": 5}
     env = decode(with_checksum(body))
-    assert env.extra == {"priority": {"level": 5}}
+    assert env.extra == {"urgency": {"level": 5}}
     # A retry or resurrection on this older worker re-emits it, checksummed.
     again = json.loads(env.next_incarnation().encode())
-    assert again["priority"] == {"level": 5}
+    assert again["urgency"] == {"level": 5}
     assert decode(json.dumps(again)).extra == env.extra
 
 
@@ -327,3 +327,19 @@ def test_nan_in_a_message_is_malformed_not_a_crash_later():
     with pytest.raises(EnvelopeError) as err:
         decode(json.dumps(body))  # parsing refuses it, whatever the checksum
     assert err.value.reason == "malformed_message"
+
+
+def test_a_priority_is_carried_by_every_incarnation_and_absent_when_none():
+    from relier_django.core.broker.publish import _options
+
+    prioritised = dataclasses.replace(ENV, priority=7)
+    env = decode(prioritised.encode())
+    assert env.priority == 7 and env.extra == {}
+    assert env.next_incarnation(attempt=2).priority == 7  # retry, resurrection, release
+    assert _options(env)["priority"] == 7  # every publish sets the message's priority
+    assert "priority" not in json.loads(ENV.encode())  # none given: byte for byte as before
+    assert "priority" not in _options(ENV)
+    body = json.loads(ENV.encode())
+    body["priority"] = "high"
+    with pytest.raises(EnvelopeError, match="priority"):
+        decode(with_checksum(body))

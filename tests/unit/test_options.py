@@ -82,7 +82,7 @@ def test_apply_async_options_it_cannot_honour_are_refused_never_dropped():
     # Celery's link= and link_error= pass on to the task's apply_async (test_link.py).
     assert options.call_options({"link": "s", "link_error": None}) == {"link": "s"}
     for name, value, says in (
-        ("priority", 9, "not supported"),
+        ("priority", "9", "an int"),
         ("routing_key", "x", "queue="), ("headers", {"tenant": 1}, "task arguments"),
         ("serializer", "pickle", "JSON"),
     ):  # fmt: skip

@@ -77,3 +77,16 @@ def test_a_malformed_link_is_refused():
         linked(env, 1, created_ms=1)
     with pytest.raises(ValueError, match="malformed"):
         errbacks(env, created_ms=1)
+
+
+def test_a_step_created_later_keeps_its_signatures_priority():
+    env = Envelope(
+        id="head", task="t.head", workflow="head",
+        chain=(Step(task="t.next", id="next", priority=7).wire(),),
+        link=(Step(task="t.cb", id="cb", priority=2).wire(),),
+    )  # fmt: skip
+    assert successor(env, 1, 0).priority == 7  # type: ignore[union-attr]
+    assert [cb.priority for cb in linked(env, 1, 0)] == [2]
+    assert "priority" not in Step(task="t", id="x").wire()  # none: the wire as before
+    with pytest.raises(ValueError, match="malformed"):
+        Step.from_wire({"task": "t", "id": "x", "priority": "9"})

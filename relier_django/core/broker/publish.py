@@ -91,7 +91,9 @@ def _options(env: Envelope) -> dict[str, Any]:
     # Celery's own argsrepr would be repr(args): the whole envelope a second time in
     # every message. Monitoring (Flower, events) shows the task's arguments instead,
     # cut where Celery cuts its own (argsrepr_maxsize).
+    options: dict[str, Any] = {} if env.priority is None else {"priority": env.priority}
     return {
+        **options,
         "task_id": env.id,
         "serializer": "json",
         "ignore_result": True,

@@ -36,6 +36,18 @@ ringing again while more wait); a message queued without a ring (another transpo
 kombu restore) waits at most one ``brpop_timeout`` (1 s), after which the worker asks
 again anyway.
 
+**Priorities: a higher number is taken first**, as on RabbitMQ and in django.tasks,
+where kombu's own Redis transport takes priority 0 first. The lists are kombu's (a
+message of priority ``p`` is queued on ``queue`` + sep + ``p``, priority 0 or none on
+the plain list, so a message any producer queues lands where kombu would put it); only
+the order they are asked in is reversed: 9 first, the plain list last. Every level is
+its own list (``priority_steps`` 0..9, kombu's default is four) and a consumer asks all
+ten whatever its ``priority_steps``, so no message waits on a list nobody asks. So that
+a stream of urgent messages never starves the rest, every :data:`LOWEST_EVERY`-th take
+of a channel asks the levels lowest first: of any :data:`LOWEST_EVERY` takes in a row
+that found a message, at least one is of the lowest priority then waiting
+(docs/priorities.md states the bound).
+
 Enable it with ``CELERY_BROKER_TRANSPORT`` (``Transport`` for ``redis://`` brokers,
 ``SentinelTransport`` for ``sentinel://``); publishing is kombu's, plus the doorbell.
 """
@@ -160,6 +172,12 @@ class RecoveryFirst(round_robin_cycle):
     def __init__(self, first: str) -> None:
         super().__init__()
         self.first = first
+        self.last: str | None = None  # the queue of the last message taken
+
+    def rotate(self, last_used: str) -> None:
+        # kombu calls it with the queue of every message it takes.
+        self.last = last_used
+        super().rotate(last_used)
 
     def consume(self, n: int) -> list[str]:
         # sorted() is stable: the recovery queue moves to the front, the rest keep the
@@ -169,6 +187,27 @@ class RecoveryFirst(round_robin_cycle):
 
 def _recovery_first(channel: Any) -> None:
     channel._queue_cycle = RecoveryFirst(config.current().recovery_queue)
+
+
+LEVELS = tuple(range(10))
+"""Every priority level, each its own list (kombu's ``priority_steps``)."""
+
+LOWEST_EVERY = 10
+"""A channel's every 10th take asks the priority levels lowest first: the lowest
+priority waiting is taken at least once in any 10 takes in a row (the starvation
+bound)."""
+
+
+def ask_order(channel: Any, queues: Sequence[str], lowest_first: bool = False) -> list[str]:
+    """The lists of ``queues`` (without kombu's global prefix) in the order to ask them:
+    the recovery queue's first (a resurrected task waits for nothing), then level by
+    level, highest priority first (``lowest_first``: the fairness turn), the queues in
+    the given order within a level."""
+    levels = LEVELS if lowest_first else LEVELS[::-1]
+    first = getattr(channel._queue_cycle, "first", None)
+    head = [channel._q_for_pri(first, pri) for pri in LEVELS[::-1] if first in queues]
+    rest = [queue for queue in queues if queue != first]
+    return head + [channel._q_for_pri(queue, pri) for pri in levels for queue in rest]
 
 
 _BELL = "\x06\x16bell"  # kombu's separator, then a name no priority level takes
@@ -239,6 +278,7 @@ class _Taking:
         self.taker = taker
         self.idle = False  # the last take found every queue empty: wait on the doorbells
         self.pending: str | None = None  # "take" or "bells" while a reply is awaited
+        self.fair = False  # the take awaited asks the priority levels lowest first
 
 
 def _put_ringing(channel: Any, queue: str, message: Any, **kwargs: Any) -> None:
@@ -265,7 +305,9 @@ class _Takes(kombu_redis.Channel):
     given a :class:`Taker` takes with it and waits on doorbells; one given none keeps
     kombu's ``BRPOP``."""
 
+    priority_steps = list(LEVELS)  # one list per level (kombu's default is four)
     _taking: _Taking | _Unset | None = _Unset()
+    _takes_since_lowest = 0  # takes that found a message since the last fairness turn
     # kombu's, typed here: the connection a command is awaited on, and since when.
     _in_poll: Any = False
     _brpop_sent_at: Any = None
@@ -276,17 +318,27 @@ class _Takes(kombu_redis.Channel):
             self._taking = _Taking(taker) if taker is not None else None
         return self._taking
 
+    def _fair_turn(self) -> bool:
+        return self._takes_since_lowest >= LOWEST_EVERY - 1
+
+    def _took(self, fair: bool) -> None:
+        # A take from the recovery queue (asked first, always) is outside the bound.
+        cycle = self._queue_cycle
+        if isinstance(cycle, RecoveryFirst) and cycle.last == cycle.first:
+            return
+        self._takes_since_lowest = 0 if fair else self._takes_since_lowest + 1
+
     def _brpop_start(self, timeout: float | None = None) -> None:
         taking = self._taking_now()
         if taking is None:
-            super()._brpop_start(timeout)
+            self._brpop_plain(timeout)
             return
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return
         prefix = self.global_keyprefix or ""
-        lists = [prefix + self._q_for_pri(queue, pri) for pri in self.priority_steps
-                 for queue in queues]  # fmt: skip
+        taking.fair = self._fair_turn()
+        lists = [prefix + key for key in ask_order(self, queues, taking.fair)]
         bells = [bell_of(queue_list) for queue_list in lists]
         connection = self.client.connection
         self._in_poll = connection
@@ -299,10 +351,41 @@ class _Takes(kombu_redis.Channel):
             taking.pending = "take"
             connection.send_command(*taking.taker.command(lists, bells))
 
+    def _brpop_plain(self, timeout: float | None) -> None:
+        # kombu's BRPOP, its keys in this transport's order (highest priority first).
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        self._plain_fair = self._fair_turn()
+        wait = self.brpop_timeout if timeout is None else timeout
+        keys = [*ask_order(self, queues, self._plain_fair), wait or 0]
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()
+        command = ["BRPOP", *keys]
+        if self.global_keyprefix:
+            command = self.client._prefix_args(command)
+        self.client.connection.send_command(*command)
+
+    _plain_fair = False
+
+    def _get(self, queue: str, timeout: Any = None) -> Any:
+        # basic_get: kombu's, highest priority first.
+        with self.conn_or_acquire() as client:
+            for key in ask_order(self, [queue]):
+                item = client.rpop(key)
+                if item:
+                    self._maybe_update_queues_expire(client, queue)
+                    return loads(bytes_to_str(item))
+            self._maybe_update_queues_expire(client, queue)
+            raise Empty()
+
     def _brpop_read(self, **options: Any) -> bool:
         taking = self._taking_now()
         if taking is None or taking.pending is None:
-            return bool(super()._brpop_read(**options))
+            got = bool(super()._brpop_read(**options))
+            if got:
+                self._took(self._plain_fair)
+            return got
         pending, taking.pending = taking.pending, None
         command = "BZPOPMIN" if pending == "bells" else "EVALSHA"
         try:
@@ -328,6 +411,7 @@ class _Takes(kombu_redis.Channel):
         queue_list, message = taken
         queue = queue_list[len(self.global_keyprefix or "") :].rsplit(self.sep, 1)[0]
         self._queue_cycle.rotate(queue)
+        self._took(taking.fair)
         self.connection._deliver(loads(bytes_to_str(message)), queue)
         return True
 

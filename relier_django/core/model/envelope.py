@@ -120,6 +120,9 @@ class Envelope:
     # task's identity (:attr:`identity`). Absent from an envelope pushed before it
     # existed, which keeps the id alone as its identity.
     push: str = ""
+    # The push's priority, 0..9 (9 runs first), kept by every incarnation; None: none
+    # given (the broker's lowest). Ignorable, as trace: an older reader keeps it in extra.
+    priority: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -143,6 +146,8 @@ class Envelope:
         else:  # absent, not {}: untraced envelopes stay as they were (module docstring)
             del body["trace"]
         # Absent when empty, as trace: an envelope outside a workflow is unchanged.
+        if self.priority is None:
+            del body["priority"]
         for name in ("workflow", "chain", "chord", "header", "push", "link", "link_error"):
             if not body[name]:
                 del body[name]
@@ -179,6 +184,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "idem_key": (str, type(None)), "fence": int, "attempt": int, "resurrections": int,
     "created_ms": int, "schema_version": int, "trace": dict, "workflow": str, "chain": list,
     "chord": dict, "header": str, "push": str, "link": list, "link_error": list,
+    "priority": (int, type(None)),
 }  # fmt: skip
 
 

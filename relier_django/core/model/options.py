@@ -36,7 +36,6 @@ NO_OPS: Mapping[str, str] = {
 
 #: Celery's own names that mean something else here: refused with the reason.
 DIFFERENT: Mapping[str, str] = {
-    "priority": "priorities are not honoured; route urgent tasks to their own queue",
     "base": "every @rl_task is a RelierTask",
     "serializer": "relier messages are always JSON envelopes",
 }
@@ -124,7 +123,8 @@ _BEAT_HEADERS = frozenset({"celery_beat_task", "periodic_task_name"})
 
 
 def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``push``'s options (``task_id``, ``queue``, ``countdown``, ``eta``, ``expires``)
+    """``push``'s options (``task_id``, ``queue``, ``countdown``, ``eta``, ``expires``,
+    ``priority``)
     for Celery's ``apply_async`` options.
 
     Raises:
@@ -137,6 +137,9 @@ def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
                     "group_index", "chord", "link", "link_error"):  # fmt: skip
             if value is not None:
                 out[name] = value
+        elif name == "priority":
+            if value is not None:
+                out[name] = check_priority(value, "apply_async(priority=...)")
         elif name == "headers":
             extra = set(value or {}) - _BEAT_HEADERS
             if extra:
@@ -153,7 +156,28 @@ def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
         else:
             raise TypeError(
                 f"apply_async({name}=...) is not supported by @rl_task tasks; supported: "
-                "task_id, queue, countdown, eta, expires, link, link_error "
+                "task_id, queue, countdown, eta, expires, priority, link, link_error "
                 f"(see {links.doc('from-celery.md')})"
             )
     return out
+
+
+#: Celery's priority range, with RabbitMQ's meaning on every broker: higher runs first.
+PRIORITY_MIN, PRIORITY_MAX = 0, 9
+
+
+def check_priority(value: Any, where: str) -> int:
+    """``value`` as a priority: an int from 0 (lowest) to 9 (runs first).
+
+    Raises:
+        TypeError: not an int (a bool included).
+        ValueError: outside 0..9.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where} takes an int from 0 to 9 (9 runs first), got {value!r}")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise ValueError(
+            f"{where} takes {PRIORITY_MIN} to {PRIORITY_MAX} (9 runs first, as on RabbitMQ), "
+            f"got {value}"
+        )
+    return value

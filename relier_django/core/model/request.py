@@ -43,7 +43,6 @@ UNSUPPORTED: Mapping[str, str] = {
     "stamps": "relier messages are not stamped",
     "stamped_headers": "relier messages are not stamped",
     "replaced_task_nesting": "Task.replace is not supported",
-    "priority": "priorities are not honoured; route urgent tasks to their own queue",
 }
 
 
@@ -74,6 +73,7 @@ class Request:
         group_index: this task's place in its chord's header, or ``None``.
         chord: the id of the chord whose header this task is a member of, or ``None``.
         correlation_id: the task id, as Celery sets it.
+        priority: the push's priority (0..9, 9 taken first), ``None`` when it gave none.
     """
 
     id: str
@@ -88,6 +88,7 @@ class Request:
     called_directly: bool = False
     workflow: str = ""  # Envelope.workflow: the workflow's identity, "" outside one
     chord_member: Mapping[str, Any] = field(default_factory=dict)  # Envelope.chord
+    priority: int | None = None
 
     @property
     def eta(self) -> str | None:

@@ -21,6 +21,7 @@ class TaskSpec:
     name: str
     fn: Callable[..., Any]
     queue: str | None = None
+    priority: int | None = None  # 0..9, 9 runs first; a push's own priority= wins
     idempotent: bool = False
     idempotency_key: KeyOption = None
     result_ttl_s: int | None = None

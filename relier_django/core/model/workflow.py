@@ -39,6 +39,7 @@ class Step:
     # An errback's resurrection limit, resolved at push: a filing in the DLQ creates it
     # where no task registry is at hand (the scanner, the dispatcher). None elsewhere.
     max_resurrections: int | None = None
+    priority: int | None = None  # 0..9 (9 taken first); absent from the wire when None
 
     def wire(self) -> dict[str, Any]:
         out = {
@@ -48,6 +49,8 @@ class Step:
         }  # fmt: skip
         if self.max_resurrections is not None:
             out["maxres"] = self.max_resurrections
+        if self.priority is not None:
+            out["priority"] = self.priority
         return out
 
     @classmethod
@@ -60,12 +63,21 @@ class Step:
                 kwargs=dict(raw.get("kwargs", {})), queue=raw.get("queue", ""),
                 immutable=bool(raw.get("immutable", False)), version=int(raw.get("version", 1)),
                 max_resurrections=None if raw.get("maxres") is None else int(raw["maxres"]),
+                priority=_priority(raw.get("priority")),
             )  # fmt: skip
         except (KeyError, TypeError) as exc:
             raise ValueError(f"a chain step is malformed: {raw!r}") from exc
         if not (isinstance(step.task, str) and isinstance(step.id, str) and step.id):
             raise ValueError(f"a chain step is malformed: {raw!r}")
         return step
+
+
+def _priority(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"a step's priority is not an int: {value!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +123,7 @@ def following(env: Envelope, result: Any, created_ms: int) -> Next | None:
     callback = Envelope(
         id=step.id, task=step.task, args=step.args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
-        workflow=group_id, header="" if step.immutable else group_id,
+        workflow=group_id, header="" if step.immutable else group_id, priority=step.priority,
         push=push_token_after(env, step.id),
     )  # fmt: skip
     return Next(callback, group_id, index)
@@ -132,7 +144,7 @@ def successor(env: Envelope, result: Any, created_ms: int) -> Envelope | None:
         id=step.id, task=step.task, args=args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
         workflow=env.workflow or env.id,
-        chain=env.chain[1:],
+        chain=env.chain[1:], priority=step.priority,
         push=push_token_after(env, step.id),
     )  # fmt: skip
 
@@ -142,7 +154,7 @@ def _first_taking(env: Envelope, step: Step, first: Any, created_ms: int) -> Env
     return Envelope(
         id=step.id, task=step.task, args=args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
-        push=push_token_after(env, step.id),
+        push=push_token_after(env, step.id), priority=step.priority,
     )  # fmt: skip
 
 

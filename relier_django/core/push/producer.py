@@ -90,6 +90,7 @@ def prepare(
     chord: Mapping[str, Any] | None = None,
     link: Sequence[workflow.Step] = (),
     link_error: Sequence[workflow.Step] = (),
+    priority: int | None = None,
 ) -> Envelope:
     """Validate the call and build its first envelope (fence 1). Raises ``TypeError``
     for arguments that do not fit the signature or are not JSON-serialisable, and
@@ -101,6 +102,7 @@ def prepare(
     ``chord``: a chord header member's place (group id, index, callback step).
     ``link``, ``link_error``: the callbacks its commit creates, the errbacks its filing
     in the DLQ creates (Celery's ``link=``, ``link_error=``).
+    ``priority``: this push's priority (0..9, checked by the caller), else the task's.
 
     A workflow's member (a chain's first step, a group's or a chord header's member)
     claims no idempotency key, whatever its task says: it is identified by the id
@@ -126,6 +128,7 @@ def prepare(
         args=tuple(args),
         kwargs=dict(kwargs),
         queue=queue or spec.queue or "",
+        priority=priority if priority is not None else spec.priority,
         idem_key=idem,
         created_ms=int(time.time() * 1000),
         schema_version=spec.schema.version,
@@ -208,10 +211,11 @@ class _Push:
         link: Sequence[workflow.Step] = (),
         link_error: Sequence[workflow.Step] = (),
         debounce: Debounce | None = None,
+        priority: int | None = None,
     ) -> _Push:
         cfg = config.current()
         env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id, chord,
-                      link, link_error)  # fmt: skip
+                      link, link_error, priority)  # fmt: skip
         encoded = env.encode(cfg.signer)
         arguments.check_size(spec, args, kwargs, encoded, cfg.arguments_max_bytes)
         record = _record_of(env, position)
@@ -445,6 +449,7 @@ def push(
     link: Sequence[workflow.Step] = (),
     link_error: Sequence[workflow.Step] = (),
     debounce: Debounce | None = None,
+    priority: int | None = None,
 ) -> Receipt:
     """Sync push. See ``RelierTask.push`` and ``RelierTask.push_with`` for the guarantees.
     ``chain``: the steps that follow, each created by the commit of the one before.
@@ -452,7 +457,8 @@ def push(
     chord's header (the commit that completes the header creates the callback);
     ``position``: its place in the group (for the workflow's record); ``link``,
     ``link_error``: its callbacks and errbacks (see :func:`prepare`); ``debounce``: a
-    debounced push (``when`` is then its window as a countdown)."""
+    debounced push (``when`` is then its window as a countdown); ``priority``: 0..9, 9
+    taken first (checked by the caller; default the task's)."""
     if event_loop.in_running_loop():
         raise RuntimeError(
             f"{spec.name}.push() was called inside a running event loop, where it would "
@@ -462,7 +468,7 @@ def push(
         # Validation comes first, inside the caller's transaction: bad input raises now.
         p = _Push.begin(
             spec, args, kwargs, task_id, queue, when, idempotency_key, chain, group_id, chord,
-            position, link, link_error, debounce,
+            position, link, link_error, debounce, priority,
         )  # fmt: skip
         tracing.annotate(p.env)
         # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).
@@ -490,6 +496,7 @@ async def apush(
     on_commit: bool = True,
     using: str | None = None,
     debounce: Debounce | None = None,
+    priority: int | None = None,
 ) -> Receipt:
     """Async push: the same steps as :func:`push`, without blocking the event loop.
 
@@ -503,7 +510,7 @@ async def apush(
     """
     with tracing.push_span(spec.name):
         p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key,
-                        debounce=debounce)  # fmt: skip
+                        debounce=debounce, priority=priority)  # fmt: skip
         tracing.annotate(p.env)
         hook = _transaction_hook if on_commit else None
         if (diverted := await eager.adivert(spec, app, p.env, p.cfg, hook, using)) is not None:
@@ -560,6 +567,7 @@ class PushWith:
         when: the countdown, eta and expiry (see ``model.timing.timing``).
         debounce: a debounced push (``model.timing.debounce``); ``when`` then holds its
             window as the countdown.
+        priority: 0..9, 9 taken first; None: the task's own.
     """
 
     spec: TaskSpec = field(repr=False)
@@ -568,6 +576,7 @@ class PushWith:
     using: str | None = None
     when: Timing = NOW
     debounce: Debounce | None = None
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.on_commit, bool):
@@ -584,14 +593,14 @@ class PushWith:
         """Like ``task.push(*args, **kwargs)``, with these options."""
         return push(
             self.spec, self.app, args, kwargs, when=self.when, on_commit=self.on_commit,
-            using=self.using, debounce=self.debounce,
+            using=self.using, debounce=self.debounce, priority=self.priority,
         )  # fmt: skip
 
     async def apush(self, *args: Any, **kwargs: Any) -> Receipt:
         """Like ``await task.apush(*args, **kwargs)``, with these options."""
         return await apush(
             self.spec, self.app, args, kwargs, when=self.when, on_commit=self.on_commit,
-            using=self.using, debounce=self.debounce,
+            using=self.using, debounce=self.debounce, priority=self.priority,
         )  # fmt: skip
 
 

@@ -252,7 +252,7 @@ class Runner:
             env.id, env.task, env.attempt - 1, call.args, call.kwargs,
             scheduled_at=ctx.scheduled_at,
             hostname=self.worker.rpartition(":")[0], queue=self.queue or env.queue,
-            workflow=env.workflow, chord_member=env.chord,
+            workflow=env.workflow, chord_member=env.chord, priority=env.priority,
         )  # fmt: skip
 
     async def _expired(self, env: Envelope) -> Ended:

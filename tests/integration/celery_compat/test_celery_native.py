@@ -60,7 +60,7 @@ def test_a_signature_applies_as_a_push(worker, redis_client):
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        ({"priority": 3}, "not supported"),
+        ({"routing_key": "q"}, "queue="),
     ],
 )
 def test_an_option_it_cannot_honour_is_refused_and_nothing_is_pushed(options, says, redis_client):

@@ -657,3 +657,22 @@ def test_a_refused_password_is_named_as_such_not_as_a_server_that_is_down(tmp_pa
         server.stop()
     assert "refused relier's credentials" in warning.msg, warning.msg
     assert "wrong-one" not in warning.msg and "password" in warning.hint
+
+
+def test_redis_broker_options_tuning_kombus_inverted_priorities_are_warned(
+    start_redis, relier, celery_conf
+):
+    """relier.W011: kombu's Redis takes priority 0 first, relier 9 first (docs/priorities.md)."""
+    relier(REDIS_URL=start_redis().url)
+    celery_conf.broker_transport = "relier_django.transport:Transport"
+    celery_conf.broker_transport_options = {"visibility_timeout": 3600}
+    assert "relier.W011" not in ids()
+    celery_conf.broker_transport_options = {"priority_steps": list(range(10))}
+    warning = by_id("relier.W011")
+    assert "priority_steps" in warning.msg and "9 - p" in warning.hint
+    celery_conf.broker_transport_options = {"queue_order_strategy": "priority"}
+    assert "'queue_order_strategy'" in by_id("relier.W011").hint
+    celery_conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"  # read, never connected to
+    celery_conf.broker_transport = "pyamqp"
+    celery_conf.broker_transport_options = {"confirm_publish": True, "priority_steps": [0, 9]}
+    assert "relier.W011" not in ids()  # RabbitMQ takes 9 first already

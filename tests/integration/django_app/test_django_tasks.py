@@ -61,9 +61,9 @@ def test_the_backend_says_what_it_supports():
     backend = jobs.add.get_backend()
     assert isinstance(backend, RelierBackend)
     assert backend.supports_defer and backend.supports_async_task
-    assert backend.supports_get_result and not backend.supports_priority
-    with pytest.raises(InvalidTask):  # Django's own validation: not honoured, refused
-        jobs.add.using(priority=10)
+    assert backend.supports_get_result and backend.supports_priority
+    with pytest.raises(InvalidTask):  # Django's own validation: -100..100
+        jobs.add.using(priority=101)
     with pytest.raises(InvalidTask):
         jobs.add.using(queue_name="nowhere")
 

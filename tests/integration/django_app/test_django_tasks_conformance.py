@@ -40,8 +40,8 @@ Left out, and why:
   a DummyBackend API (the latter from before Django 6.0), not a backend contract.
 - ``TaskTestCase``'s unknown or missing backend alias, ``no backends``, and
   ``TaskError`` with a bad class path: Django's handler and ``TaskError`` alone, no
-  backend code runs; priority ranges: ``supports_priority`` is False, so every
-  priority but the default is refused first (test_django_tasks.py proves it).
+  backend code runs; priority ranges: Django's own validation (-100..100), before any
+  backend code (test_django_tasks.py proves it; celery_compat/test_priorities.py the order).
 - ``TaskResult`` ordering, equality by id and hashing, ``test_metadata.py``: APIs of a
   Django newer than the one this project runs (6.1 has none of them).
 - ``test_custom_backend.py``'s abstract ``enqueue`` and async-on-a-sync-backend:

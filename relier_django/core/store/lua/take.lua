@@ -13,8 +13,9 @@
 -- (BZPOPMIN: each is a sorted set of one member, rung by whoever queues a message; the
 -- wait pops only a doorbell, so losing one loses no message) and asks again.
 --
--- KEYS[1..n]     the queue lists, in the order to ask them (the recovery queue first,
---                priority level by level, as kombu's BRPOP would); n = ARGV[1]
+-- KEYS[1..n]     the queue lists, in the order to ask them (the recovery queue's first,
+--                then level by level, highest priority first: redis_channel.ask_order);
+--                n = ARGV[1]
 -- KEYS[n+1..2n]  each queue list's doorbell (transport.bell_of), in the same order
 -- KEYS[2n+1]     expiry index
 -- ARGV[1]  n
