@@ -149,7 +149,8 @@ class Scanner:
             # The liveness connections follow the home master through a failover.
             self.deaths.client = home_client(self.config)
         try:
-            newly_dead = self.deaths.check()
+            # A scanner that does not lead watches the leader alone (deaths.py).
+            newly_dead = self.deaths.check(watch=not self._leads)
         except redis.ConnectionError:
             refresh_home(self.config)  # the home master may have failed over
             raise
