@@ -116,7 +116,7 @@ class Scanner:
         # replaced within a check, not after its lease.
         liveness.hold(self.config, self.scanner_id)
         try:
-            next_pass = next_check = 0.0
+            next_pass = next_check = next_fire = 0.0
             while True:
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + deaths.CHECK_S
@@ -130,8 +130,12 @@ class Scanner:
                 elif self._leads:
                     self._guarded(self.dispatcher.run_due, "scheduled dispatch")
                 # Every scanner fires periodic ticks (each tick is claimed, so it fires
-                # once): the leader on time, the others within a pass if it died.
-                tick_in = self._guarded(self._fire_periodic, "periodic ticks")
+                # once): the leader on time, the others once a pass (within a pass if
+                # it died), not at every check: an idle follower's commands stay few.
+                tick_in = None
+                if self._leads or time.monotonic() >= next_fire:
+                    next_fire = time.monotonic() + interval
+                    tick_in = self._guarded(self._fire_periodic, "periodic ticks")
                 wake = min(next_pass, next_check) - time.monotonic()
                 if once or self._sleep(max(0.0, wake), tick_in):
                     return
