@@ -36,6 +36,8 @@ _MAX_BLOCK_S = 1.0
 _MIN_BLOCK_S = 0.005
 # Below this, wait on the local clock (see _sleep): more than one Redis clock tick.
 _LOCAL_WAIT_S = 0.15
+# "Nothing scheduled": no due time to dispatch at before the next read of the heads.
+_NEVER_S = 365 * 24 * 3600.0
 # Errors that mean the store is away for now, not that a step is wrong.
 _AWAY = (
     redis.exceptions.ConnectionError,
@@ -77,6 +79,9 @@ class Scanner:
         # worker -> (its last sign of life, Redis ms; when this scanner found it).
         self._dead: dict[str, tuple[int, float]] = {}
         self._due_seen_ms: int | None = None  # Redis ms of the leader's last due check
+        # When (monotonic) the earliest scheduled task is due, as the leader's last wait
+        # read it; 0.0: unknown, dispatch at the next turn.
+        self._due_at = 0.0
         self.duties = [(name, make(app)) for name, make in _duties]
 
     def is_leader(self) -> bool:
@@ -127,7 +132,9 @@ class Scanner:
                 if time.monotonic() >= next_pass:
                     next_pass = time.monotonic() + interval
                     self._leads = self._guarded(self.tick, "resurrector pass") is not None
-                elif self._leads:
+                elif self._leads and time.monotonic() >= self._due_at:
+                    # Only when the earliest due time read last has come: _sleep reads
+                    # it before every wait, a push's new earliest one included.
                     self._guarded(self.dispatcher.run_due, "scheduled dispatch")
                 # Every scanner fires periodic ticks (each tick is claimed, so it fires
                 # once): the leader on time, the others once a pass (within a pass if
@@ -234,7 +241,9 @@ class Scanner:
         if not self._leads:
             return self._stop.wait(until_pass_s)
         try:
+            self._due_at = 0.0
             due_in = self.dispatcher.next_due_in_s()
+            self._due_at = time.monotonic() + (due_in if due_in is not None else _NEVER_S)
             nap = min(t for t in (until_pass_s, due_in, tick_in_s) if t is not None)
             if nap <= _LOCAL_WAIT_S:
                 # Redis ends a blocking wait only on its clock tick (100 ms at hz 10):
