@@ -10,6 +10,7 @@ from bench import (
     cluster_cost,
     delivery,
     dlq_pages,
+    fleet,
     flow_control,
     parity,
     pop_trace,
@@ -44,6 +45,9 @@ BENCHMARKS = {
     "cluster_cost": (cluster_cost.main, []),
     # An idle worker's PSS (main + 2 pool processes): Celery acks_late, relier, the anchor.
     "worker_memory": (worker_memory.main, []),
+    # Idle fleets of 10, 50, 200 simulated workers x 8 processes: the store's Redis CPU,
+    # commands, recovery after a process death; a modelled Celery fleet beside them.
+    "fleet": (fleet.main, ["--celery"]),
     # Issue 37's figures against Celery acks_late in one run (after worker_memory and
     # fleet, whose results it prints beside its own).
     "parity": (parity.main, []),

@@ -1,8 +1,9 @@
 """The verdict logic of recovery/deaths.py: who is dead, and when not to say so.
 
-The client is a stub that answers the three reads of a check (TIME, INFO server,
-CLIENT LIST) from a script: what is tested is the bookkeeping, not Redis (the real
-thing is tests/chaos/test_process_death.py)."""
+The client is a stub that answers the reads of a check (TIME, INFO server, CLIENT
+LIST, the holders, the leader key; a follower's CLIENT LIST ID) from a script: what is
+tested is the bookkeeping, not Redis (the real thing is
+tests/chaos/test_process_death.py and tests/integration/recovery/test_leader_watch.py)."""
 
 from __future__ import annotations
 
@@ -22,19 +23,29 @@ class _Pipe:
 
     def time(self) -> None: ...
     def info(self, _section: str) -> None: ...
-    def client_list(self, _type: str) -> None: ...
+    def client_list(self, _type: str | None = None, client_id: Any = None) -> None:
+        self.by_id = client_id is not None
+
     def smembers(self, _key: str) -> None: ...
+    def get(self, _key: str) -> None: ...
 
     def execute(self) -> list[Any]:
         s = self.server
+        if getattr(self, "by_id", False):
+            s.watched += 1
+            if s.before_6_2:
+                raise redis.ResponseError("ERR syntax error")
+            return [[{"name": connection_name("rl", w), "id": w} for w in s.live if w == s.leader]]
         if s.cluster_down:
             raise redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down")
         if s.refuse:
             raise redis.ResponseError("NOPERM this user has no permissions to run 'client'")
-        clients = [{"name": connection_name("rl", w)} for w in s.live] + [{"name": "other"}]
+        clients = [{"name": connection_name("rl", w), "id": w} for w in s.live]
         s.registered |= s.live  # liveness.hold registers once connected
         now = (s.now_ms // 1000, (s.now_ms % 1000) * 1000)
-        return [now, {"run_id": s.run_id}, clients, set(s.registered)]
+        s.listed += 1
+        return [now, {"run_id": s.run_id}, [*clients, {"name": "other", "id": "0"}],
+                set(s.registered), s.leader]  # fmt: skip
 
 
 class _Server:
@@ -45,6 +56,9 @@ class _Server:
         self.now_ms = 1_000_000
         self.refuse = False
         self.cluster_down = False
+        self.leader: str | None = None
+        self.before_6_2 = False
+        self.watched = self.listed = 0
 
     def pipeline(self, transaction: bool = False) -> _Pipe:
         return _Pipe(self)
@@ -157,3 +171,30 @@ def test_a_cluster_failing_over_is_no_refusal_the_check_goes_on(clock):
     server.cluster_down, server.live = False, set()
     assert _step(d, server, clock, 0.25) == {}
     assert "w1" in _step(d, server, clock, 1.5)  # still watching: its death is found
+
+
+def test_a_follower_watches_a_live_leader_and_lists_once_it_is_gone(clock):
+    server = _Server()
+    server.live, server.leader = {"scanner:L", "L:1", "w:1"}, "scanner:L"
+    d = deaths.Deaths(server, KeySpace("rl"), grace_s=1.0)  # type: ignore[arg-type]
+    assert d.check(watch=True) == {} and server.listed == 1  # learns the leader's id
+    for _ in range(3):
+        assert d.check(watch=True) == {}
+    assert (server.listed, server.watched) == (1, 3)
+    server.live = {"w:1"}  # the leader's worker killed, scanner and pool process
+    assert d.check(watch=True) == {} and server.listed == 2
+    assert set(_step(d, server, clock, 1.0)) == {"scanner:L", "L:1"}
+
+
+def test_a_redis_before_6_2_gets_the_full_list_from_every_scanner(clock, caplog):
+    server = _Server()
+    server.live, server.leader, server.before_6_2 = {"scanner:L", "w:1"}, "scanner:L", True
+    d = deaths.Deaths(server, KeySpace("rl"), grace_s=1.0)  # type: ignore[arg-type]
+    assert d.check(watch=True) == {}
+    assert d.check(watch=True) == {} and d.no_watch and not d.disabled
+    assert d.check(watch=True) == {}
+    assert (server.listed, server.watched) == (3, 1)
+    server.live = {"scanner:L"}
+    assert d.check(watch=True) == {}
+    clock[0] += 1.0
+    assert set(d.check(watch=True)) == {"w:1"}  # deaths still found by every scanner

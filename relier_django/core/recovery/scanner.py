@@ -38,6 +38,8 @@ _MIN_BLOCK_S = 0.005
 _LOCAL_WAIT_S = 0.15
 # Below this, a wait for a check or a pass is not worth a round trip.
 _MIN_WAKE_WAIT_S = 0.02
+# "Nothing scheduled": no due time to dispatch at before the next read of the heads.
+_NEVER_S = 365 * 24 * 3600.0
 # Errors that mean the store is away for now, not that a step is wrong.
 _AWAY = (
     redis.exceptions.ConnectionError,
@@ -79,6 +81,9 @@ class Scanner:
         # worker -> (its last sign of life, Redis ms; when this scanner found it).
         self._dead: dict[str, tuple[int, float]] = {}
         self._due_seen_ms: int | None = None  # Redis ms of the leader's last due check
+        # When (monotonic) the earliest scheduled task is due, as the leader's last wait
+        # read it; 0.0: unknown, dispatch at the next turn.
+        self._due_at = 0.0
         self.duties = [(name, make(app)) for name, make in _duties]
 
     def is_leader(self) -> bool:
@@ -118,7 +123,7 @@ class Scanner:
         # replaced within a check, not after its lease.
         liveness.hold(self.config, self.scanner_id)
         try:
-            next_pass = next_check = 0.0
+            next_pass = next_check = next_fire = 0.0
             while True:
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + deaths.CHECK_S
@@ -129,11 +134,17 @@ class Scanner:
                 if time.monotonic() >= next_pass:
                     next_pass = time.monotonic() + interval
                     self._leads = self._guarded(self.tick, "resurrector pass") is not None
-                elif self._leads:
+                elif self._leads and time.monotonic() >= self._due_at:
+                    # Only when the earliest due time read last has come: _sleep reads
+                    # it before every wait, a push's new earliest one included.
                     self._guarded(self.dispatcher.run_due, "scheduled dispatch")
                 # Every scanner fires periodic ticks (each tick is claimed, so it fires
-                # once): the leader on time, the others within a pass if it died.
-                tick_in = self._guarded(self._fire_periodic, "periodic ticks")
+                # once): the leader on time, the others once a pass (within a pass if
+                # it died), not at every check: an idle follower's commands stay few.
+                tick_in = None
+                if self._leads or time.monotonic() >= next_fire:
+                    next_fire = time.monotonic() + interval
+                    tick_in = self._guarded(self._fire_periodic, "periodic ticks")
                 wake = min(next_pass, next_check) - time.monotonic()
                 if once or self._sleep(max(0.0, wake), tick_in):
                     return
@@ -151,7 +162,8 @@ class Scanner:
             # The liveness connections follow the home master through a failover.
             self.deaths.client = home_client(self.config)
         try:
-            newly_dead = self.deaths.check()
+            # A scanner that does not lead watches the leader alone (deaths.py).
+            newly_dead = self.deaths.check(watch=not self._leads)
         except redis.ConnectionError:
             refresh_home(self.config)  # the home master may have failed over
             raise
@@ -231,7 +243,9 @@ class Scanner:
         if not self._leads:
             return self._stop.wait(until_pass_s)
         try:
+            self._due_at = 0.0
             due_in = self.dispatcher.next_due_in_s()
+            self._due_at = time.monotonic() + (due_in if due_in is not None else _NEVER_S)
             due = min((t for t in (due_in, tick_in_s) if t is not None), default=None)
             if due is not None and due <= until_pass_s:
                 if due <= _LOCAL_WAIT_S:
