@@ -65,8 +65,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ..broker import publish
 from ..model import arguments
 from ..model.config import Config
+from ..model.envelope import decode
 from ..model.errors import AdmissionRejected, DuplicateTaskId
 from ..model.spec import TaskSpec
 from ..model.timing import Timing
@@ -423,6 +425,24 @@ class _Firing:
                 return True
         return False
 
+    def _resend_if_unstarted(self, task_id: str) -> None:
+        """A tick's task whose claimer died may be stored and never sent (a tick's push
+        stores, then publishes: its due time is given, so the store cannot queue it in
+        the same step). While it has not started, send it again: a second message of
+        fence 1 is refused by ``start.lua`` if the first one was in the queue after
+        all, and this one saves it waiting out ``QUEUED_GRACE_S``."""
+        state, fence, stored = self.client.hmget(self.keys.task(task_id), "state", "fence", "env")
+        if _text(state) != "queued" or _text(fence) != "1" or not stored:
+            return
+        try:
+            env = decode(_text(stored), self.config.signer)
+            publish.send(self.app, env, _text(stored))
+        except Exception:  # the queued grace still brings it back
+            logger.warning("periodic tick task_id=%s: could not send it again", task_id,
+                           exc_info=True)  # fmt: skip
+            return
+        logger.info("periodic tick task_id=%s: stored, not started; sent again", task_id)
+
     def _push(self, entry: Entry, tick: int, claimed_at: float) -> bool:
         if time.monotonic() - claimed_at > self.lease_ms / 1000:
             # Another scanner may have taken the claim over: it pushes this tick.
@@ -452,6 +472,7 @@ class _Firing:
                 _iso(tick),
                 task_id,
             )
+            self._resend_if_unstarted(task_id)
             return True
         except AdmissionRejected as exc:
             logger.warning(
@@ -498,3 +519,7 @@ def _failed(entry: str, exc: Exception) -> None:
 
 def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or "")

@@ -116,6 +116,32 @@ def test_a_claim_whose_holder_died_is_taken_over_with_its_own_tick(redis_client)
     assert redis_client.hget(KEYS.periodic_claims, ENTRY)
 
 
+def test_a_tick_stored_by_a_claimer_that_died_before_sending_it_is_sent_by_the_next(
+    redis_client, beat_schedule, cfg
+):
+    """A tick's push stores, then publishes (its due time is given, so the store cannot
+    queue it in the same step). A scanner killed between the two left the tick's task
+    stored and unsent: the scanner that takes the claim over finds it pushed and sends
+    it again (a second message of fence 1 would be refused by start.lua), instead of
+    leaving it to QUEUED_GRACE_S (an hour)."""
+    from relier_django.core.model.envelope import Envelope
+    from relier_django.core.push import idempotency
+
+    beat_schedule[ENTRY] = _entry(every=1.0)
+    tick = (_now_ms(redis_client) - 5_000) // 1000 * 1000
+    redis_client.hset(KEYS.periodic, ENTRY, tick - 1000)
+    assert periodic.claim(KEYS, ENTRY, tick, "dead", 200).run(redis_client).tick == tick
+    env = Envelope(id=periodic.tick_id(ENTRY, tick), task="demo.sync_record",
+                   args=("periodic",), created_ms=tick)  # fmt: skip
+    idempotency.store(KEYS, env, env.encode(), 60_000, 3, token="dead").run(redis_client)
+    assert _has_task(redis_client, tick) and _pushed(redis_client) == 0
+    time.sleep(0.3)  # the dead claimer's lease runs out
+    periodic.fire_due(app, cfg, tick + 500)
+    assert _pushed(redis_client) == 1  # sent once, by the scanner that took over
+    periodic.fire_due(app, cfg, tick + 600)
+    assert _pushed(redis_client) == 1  # the tick is recorded: not sent a third time
+
+
 def test_an_entry_seen_for_the_first_time_starts_at_the_next_tick(redis_client):
     assert periodic.claim(KEYS, ENTRY, 5_500, "a", 1_000, seed=True).run(redis_client).code == 0
     assert periodic.claim(KEYS, ENTRY, 6_000, "b", 1_000, seed=True).run(redis_client).code == 1
