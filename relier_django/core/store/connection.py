@@ -115,6 +115,14 @@ def target(config: Config) -> Target:
     )  # fmt: skip
 
 
+# One process's shared client serves every thread (and an event loop's every task):
+# redis-py 8 caps a pool at 100 connections by default, past which a call fails with
+# MaxConnectionsError instead of opening one, so a web process with more concurrent
+# pushes would fail some. Redis's own maxclients (10,000 by default) is the real bound;
+# a URL's ?max_connections= still wins.
+MAX_CONNECTIONS = 10_000
+
+
 def _options(config: Config, fail_fast: bool, wait_s: float | None = None) -> dict[str, Any]:
     timeout = min(config.redis_socket_timeout_s, _FAST_TIMEOUT_S) if fail_fast else None
     if wait_s is not None:  # one connect or read never outlasts the whole budget
@@ -127,6 +135,7 @@ def _options(config: Config, fail_fast: bool, wait_s: float | None = None) -> di
         # Names each connection after its process, so CLIENT LIST shows which worker
         # process holds it (and the fork-safety tests can prove who opened it).
         "client_name": f"relier:{os.getpid()}",
+        "max_connections": MAX_CONNECTIONS,
     }
 
 
