@@ -62,7 +62,8 @@ def _executions(client, label: str) -> list[int]:  # type: ignore[no-untyped-def
 
 
 def _running_on(client, labels: list[str], pids: set[int]) -> str | None:  # type: ignore[no-untyped-def]
-    """A label whose latest run is in one of ``pids``, started over 0.1 s ago, not done."""
+    """A label whose latest run is in one of ``pids``, not done, and started less than
+    half its length ago: killed now, it is still mid-body (never a run that just ended)."""
     now = time.time()
     for label in labels:
         starts = _starts(client, label)
@@ -71,7 +72,7 @@ def _running_on(client, labels: list[str], pids: set[int]) -> str | None:  # typ
         last = starts[-1]
         if (
             last.pid in pids
-            and now - last.at > 0.1
+            and now - last.at < SLEEP_S / 2
             and last.fence not in _executions(client, label)
         ):
             return label
