@@ -5,9 +5,11 @@ running again, printed in the test log.
 
 What fails the build is a task lost or committed twice. The timings are printed, not
 held to a target (a shared, noisy machine): the one timing assertion is a sanity bound,
-the heartbeat TTL (10 s, the default here). A killed task running again later than that
-was not brought back by its holder's death (a hand-off or a closed connection, "about a
-second", docs/worker-death.md) but by its TTL running out: recovery by death is broken.
+five times the documented one (6.5 s). It sits below the earliest a heartbeat expiry
+could bring a task back (the 10 s TTL less one 3.3 s refresh interval, the defaults
+here): a killed task running again later was not brought back by its holder's death (a
+hand-off or a closed connection, "about a second", docs/worker-death.md) but by its TTL
+running out, so recovery by death is broken.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ SLEEP_S = 0.4
 # 1.3 s; then a free pool process on the worker that takes it.
 DOCUMENTED_BOUND_S = 1.3
 # Not a performance target: recovery by the TTL instead of by the death (see above).
-SANITY_BOUND_S = 10.0
+SANITY_BOUND_S = DOCUMENTED_BOUND_S * 5
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,7 @@ def test_every_task_commits_once_through_pool_and_worker_kills_and_recovery_is_p
         *(f"{n:<5}{what:<28}{label:<8}{ms:>19.0f} ms" for n, what, label, ms in rows),
         f"p50 {statistics.median(latencies):.0f} ms, max {max(latencies):.0f} ms; documented: "
         f"back within about {DOCUMENTED_BOUND_S} s of a death, then a free pool process "
-        f"(docs/worker-death.md); sanity bound {SANITY_BOUND_S:.0f} s (the heartbeat TTL)",
+        f"(docs/worker-death.md); sanity bound {SANITY_BOUND_S:.1f} s (5x; a TTL expiry: 6.7 s+)",
     ]
     with capsys.disabled():  # shown in CI's log without -s
         print("\n".join(lines), flush=True)
