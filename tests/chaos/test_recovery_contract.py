@@ -91,7 +91,7 @@ def _kill_mid_task(client, labels: list[str], worker: CeleryWorker, whole: bool)
         at = time.time()
         worker.kill()  # SIGKILL, main process and pool: nothing is handed off
         return Kill(f"whole worker {worker.name}", at, pids)
-    (pid,) = [s.pid for s in _starts(client, label)[-1:]]
+    pid = _starts(client, label)[-1].pid
     at = time.time()
     worker.kill_child(pid)
     return Kill(f"pool process of {worker.name}", at, frozenset({pid}))
