@@ -43,6 +43,7 @@ SHARED_INVARIANTS = [
     "every commit is a recorded execution's, at its fence",
     "false deaths = 0 (a live process declared dead)",
     "leaked keys = 0 after the drain",
+    "relier_audit: unexplained = 0",
     "nothing in flight, queues empty",
 ]
 # Scenarios whose fault is injected by the runner (poison and slow-task bring their own).
