@@ -10,6 +10,9 @@
 -- ARGV[2i+1]   fence the caller holds for the i-th task
 -- ARGV[2#KEYS]  why: 'drain' (a stopping worker) or 'pool_death' (its pool process
 --              died); resurrect.lua counts the resurrection under it
+-- ARGV[2#KEYS+1]  optional: how the pool process died, as its main process saw it
+--              ('signal:SIGKILL', 'exit:3', 'oom'), kept as 'death' for the history,
+--              the DLQ entry and task_resurrected; '' or absent when unknown
 -- RETURNS      how many tasks were handed off (the others had moved on: started,
 --              finished, superseded). A task already handed off at the caller's fence
 --              counts as handed off and is left as it is, so a replay of this call
@@ -23,7 +26,8 @@ for i = 2, #KEYS do
   if fields[1] == fence and fields[2] == ARGV[1] then
     -- 'ho_from': a run handed off by a draining worker may still be running its body,
     -- which cancel.lua tells its caller.
-    redis.call('HSET', KEYS[i], 'state', 'handoff', 'ho_cause', ARGV[2 * #KEYS], 'ho_from', ARGV[1])
+    redis.call('HSET', KEYS[i], 'state', 'handoff', 'ho_cause', ARGV[2 * #KEYS], 'ho_from', ARGV[1],
+      'death', ARGV[2 * #KEYS + 1] or '')
     redis.call('ZADD', KEYS[1], now_ms, id)
     handed = handed + 1
   elseif fields[1] == fence and fields[2] == 'handoff' then
