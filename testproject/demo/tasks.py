@@ -187,6 +187,20 @@ def fragile(ctx: TaskContext, label: str, deaths: int) -> dict:
     }
 
 
+@rl_task(name="demo.dies_once", max_resurrections=1)
+def dies_once(ctx: TaskContext, label: str, how: str) -> int:
+    """Its first run ends its own process: ``how`` is a signal name (``SIGKILL``,
+    ``SIGSEGV``) or ``exit:<code>`` (``os._exit``); the next run returns its fence."""
+    import os
+    import signal
+
+    if _record(label, ctx) == 1:
+        if how.startswith("exit:"):
+            os._exit(int(how.removeprefix("exit:")))
+        os.kill(os.getpid(), signal.Signals[how])
+    return ctx.fence_token
+
+
 async def _soft_hook(ctx: TaskContext) -> None:
     """The soft-timeout hook: note it ran, and checkpoint where the task got to."""
     _redis().rpush(f"demo:soft:{ctx.task_id}", ctx.fence_token)

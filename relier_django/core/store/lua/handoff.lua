@@ -12,7 +12,9 @@
 --              died); resurrect.lua counts the resurrection under it
 -- ARGV[2#KEYS+1]  optional: how the pool process died, as its main process saw it
 --              ('signal:SIGKILL', 'exit:3', 'oom'), kept as 'death' for the history,
---              the DLQ entry and task_resurrected; '' or absent when unknown
+--              the DLQ entry and task_resurrected; '' or absent when unknown. A task
+--              the scanner handed off first at this fence (its liveness connection
+--              closed: the same death) still takes it, if not resurrected yet
 -- RETURNS      how many tasks were handed off (the others had moved on: started,
 --              finished, superseded). A task already handed off at the caller's fence
 --              counts as handed off and is left as it is, so a replay of this call
@@ -31,6 +33,10 @@ for i = 2, #KEYS do
     redis.call('ZADD', KEYS[1], now_ms, id)
     handed = handed + 1
   elseif fields[1] == fence and fields[2] == 'handoff' then
+    local death = ARGV[2 * #KEYS + 1]
+    if death and death ~= '' then
+      redis.call('HSET', KEYS[i], 'death', death)
+    end
     handed = handed + 1
   end
 end

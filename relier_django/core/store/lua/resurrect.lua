@@ -62,10 +62,10 @@ end
 -- How the holder died (see RETURNS), from the state it left the task in.
 local function death_of(state, worker, handed_cause, detail)
   if state == 'handoff' then
-    if handed_cause == 'process_death' then
+    if detail and detail ~= '' and handed_cause ~= 'drain' then
+      return detail  -- the main process saw its pool process's exit status
+    elseif handed_cause == 'process_death' then
       return 'connection_closed'
-    elseif handed_cause == 'pool_death' and detail and detail ~= '' then
-      return detail
     end
     return handed_cause or 'drain'
   elseif state == 'running' or (worker and worker ~= '') then
@@ -150,6 +150,9 @@ local function resurrect(id, deadline, hash, history)
   if f[5] ~= 'dying' then
     -- One entry per incarnation that died; a re-leased 'dying' task already has its own.
     death = death_of(f[5], f[6], f[11], f[12])
+    if f[12] then  -- this death's: the next incarnation's is its own
+      redis.call('HDEL', hash, 'death')
+    end
     redis.call('RPUSH', history, expired_head .. f[1] .. ',"state":' .. encoded(f[5]) ..
       ',"worker":' .. encoded(f[6] or '') .. ',"cause":' .. encoded(death) .. expired_tail)
   end
