@@ -89,9 +89,12 @@ def handoff(
         args: list[scripts.Arg] = [state]
         for task_id, fence in chunk:
             args += [task_id, fence]
-        args += [cause, death]
+        args.append(cause)
+        if death:
+            args.append(death)
         ids = [task_id for task_id, _ in chunk]
-        return scripts.ScriptCall(scripts.HANDOFF, part.for_handoff(ids), args, int)
+        keys = part.for_handoff(ids, histories=bool(death))
+        return scripts.ScriptCall(scripts.HANDOFF, keys, args, int)
 
     return scripts.per_partition(keys, held, _first, build, sum)
 

@@ -167,3 +167,19 @@ def test_the_resurrection_limit_dlq_entry_names_the_last_death(redis_client):
         (1, "signal:SIGSEGV"),
         (2, "exit:3"),
     ]
+
+
+def test_a_report_after_the_resurrection_is_added_to_the_history_once(redis_client):
+    client = sync_client(config.current())
+    env = _stored(client, "late")
+    assert fencing.start(KEYS, env, "w:1", 60_000).run(client).started
+    assert deaths.hand_off(KEYS, [(env.id, "w:1", 1_000)]).run(client) == 1
+    assert Resurrector(app, config.current(), "s").run_pass().outcomes == {"resurrected": 1}
+    _lost(env, exception=SEGV)
+    _lost(env, exception=SEGV)  # a second report of the same death adds nothing
+    events = [json.loads(e) for e in client.lrange(KEYS.history(env.id), 0, -1)]
+    assert [(e["event"], e["fence"], e.get("cause")) for e in events if "cause" in e] == [
+        ("expired", 1, "connection_closed"),
+        ("died", 1, "signal:SIGSEGV"),
+    ]
+    assert client.hget(KEYS.task(env.id), "fence") == "2"  # the new incarnation untouched
