@@ -9,9 +9,12 @@ import json
 import pytest
 
 from relier_django.core.model import config
+from relier_django.core.recovery.resurrector import Resurrector
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
+from testproject.celery import app
 from testproject.demo import tasks
+from testproject.harness import wait_until
 from tests.chaos.test_resurrection import executions, running_pid
 
 KEYS = KeySpace("rl")
@@ -45,13 +48,32 @@ def causes(client, task_id: str) -> list[tuple[int, str]]:  # type: ignore[no-un
 def test_a_pool_process_death_is_recorded_with_its_exit_status(
     worker_factory, redis_client, how, cause
 ):
-    worker_factory(extra_env=FAST)
+    # No scanner runs until the main process has reported: the pool process's closed
+    # liveness connection would otherwise race its report (see the next test), and a
+    # task resurrected and committed first keeps the cause the scanner saw.
+    worker = worker_factory(extra_env={**FAST, "RELIER_EMBEDDED_RESURRECTOR": "false"})
     client = sync_client(config.current())
     label = f"dies-{how}"
     receipt = tasks.dies_once.push(label, how)
+    reported = f"pool process died running task_id={receipt.task_id} fence=1: handed off"
+    wait_until(lambda: reported in worker.log_text(), 30, what="the main process's report")
+    outcomes = Resurrector(app, config.current(), "test").run_pass().outcomes
+    assert outcomes == {"resurrected": 1}
+
     assert receipt.get(timeout=30) == 2
     assert executions(client, label) == [1, 2]
     assert causes(client, receipt.task_id) == [(1, cause)]
+
+
+def test_with_the_scanner_racing_the_report_the_cause_is_one_or_the_other(
+    worker_factory, redis_client
+):
+    worker_factory(extra_env=FAST)
+    client = sync_client(config.current())
+    receipt = tasks.dies_once.push("dies-raced", "SIGKILL")
+    assert receipt.get(timeout=30) == 2
+    assert executions(client, "dies-raced") == [1, 2]
+    assert causes(client, receipt.task_id) in ([(1, "signal:SIGKILL")], [(1, "connection_closed")])
 
 
 def test_a_whole_worker_killed_is_recorded_as_its_connection_closed(worker_factory, redis_client):
