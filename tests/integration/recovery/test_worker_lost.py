@@ -10,7 +10,7 @@ from typing import Any
 
 from billiard.exceptions import WorkerLostError
 
-from relier_django import signals
+from relier_django import metrics, signals
 from relier_django.core.dlq.store import DeadLetterStore
 from relier_django.core.model import config
 from relier_django.core.push import idempotency, producer
@@ -119,6 +119,7 @@ def test_how_the_pool_process_died_is_in_the_history_and_task_resurrected(redis_
         signals.task_resurrected.disconnect(receive)
     assert _causes(client, env.id) == [(1, "signal:SIGSEGV")]
     assert [(k["task_id"], k["cause"]) for k in sent] == [(env.id, "signal:SIGSEGV")]
+    assert metrics.read().deaths == {"signal:SIGSEGV": 1}
 
 
 def test_the_scanner_finding_the_closed_connection_first_keeps_the_exit_status(redis_client):
