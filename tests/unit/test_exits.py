@@ -43,3 +43,10 @@ def test_the_oom_count_is_read_from_memory_events(tmp_path: Path) -> None:
     (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 2\noom_kill 2\n")
     assert exits.oom_kills(tmp_path) == 2
     assert exits.oom_kills(tmp_path / "none") is None
+
+
+def test_the_admin_history_table_shows_the_cause() -> None:
+    from relier_django.readers.render import history_table
+
+    event = {"at_ms": 1, "event": "expired", "fence": 1, "cause": "signal:SIGKILL"}
+    assert "cause=signal:SIGKILL" in history_table([event])[0]["details"]
