@@ -362,11 +362,12 @@ class Resurrector:
         recorded = [done[env.id] for env, _ in sent]
         for (env, _), ok in zip(sent, recorded, strict=True):
             logger.warning(
-                "resurrected task_id=%s task=%s fence=%s resurrections=%s%s",
+                "resurrected task_id=%s task=%s fence=%s resurrections=%s cause=%s%s",
                 env.id,
                 env.task,
                 env.fence,
                 env.resurrections,
+                deaths.get(env.id) or "unknown",
                 "" if ok else " (superseded meanwhile)",
             )
             if ok:
