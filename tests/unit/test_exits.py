@@ -39,10 +39,20 @@ def test_without_a_readable_count_a_sigkill_stays_a_sigkill() -> None:
     assert deaths.cause(lost(-9)) == "signal:SIGKILL"
 
 
-def test_the_oom_count_is_read_from_memory_events(tmp_path: Path) -> None:
-    (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 2\noom_kill 2\n")
-    assert exits.oom_kills(tmp_path) == 2
-    assert exits.oom_kills(tmp_path / "none") is None
+def test_the_oom_count_is_read_from_the_processs_own_memory_cgroup(tmp_path: Path) -> None:
+    membership = tmp_path / "cgroup"
+    membership.write_text("0::/pod/worker\n")
+    v2 = tmp_path / "pod" / "worker"
+    v2.mkdir(parents=True)
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 2\noom_kill 2\n")
+    assert exits.oom_kills(tmp_path, membership) == 2
+
+    membership.write_text("4:memory:/box\n1:cpu:/\n0::/\n")  # cgroup v1's memory
+    v1 = tmp_path / "memory" / "box"
+    v1.mkdir(parents=True)
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    assert exits.oom_kills(tmp_path, membership) == 5
+    assert exits.oom_kills(tmp_path / "none", membership) is None
 
 
 def test_the_admin_history_table_shows_the_cause() -> None:

@@ -3,11 +3,12 @@
 Billiard's pool reports a lost pool process with ``WorkerLostError`` whose message
 carries the process's exit status (``signal 9 (SIGKILL)``, ``exitcode 3``): the main
 process waited on its child, so this is the kernel's word, not a guess. Whether a
-SIGKILL came from the kernel's OOM killer is not in the exit status; under cgroup v2 the
-worker's cgroup counts its OOM kills (``oom_kill`` in ``memory.events``), so a SIGKILL
-seen while that counter went up is called ``oom``. That is best effort: without cgroup
-v2 (or with the file unreadable) an OOM kill reads as ``signal:SIGKILL``, and two pool
-processes killed at once, one by the OOM killer and one by hand, may swap causes.
+SIGKILL came from the kernel's OOM killer is not in the exit status; the worker's
+memory cgroup counts its OOM kills (``oom_kill`` in cgroup v2's ``memory.events``, in
+v1's ``memory.oom_control``), so a SIGKILL seen while that counter went up is called
+``oom``. That is best effort: with neither file readable an OOM kill reads as
+``signal:SIGKILL``, and two pool processes killed at once, one by the OOM killer and
+one by hand, may swap causes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 _STATUS = re.compile(r"\b(signal|exitcode) (-?\d+)")
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
+_MEMBERSHIP = Path("/proc/self/cgroup")
 
 
 def exit_cause(exception: BaseException | None) -> str:
@@ -37,15 +39,23 @@ def exit_cause(exception: BaseException | None) -> str:
         return f"signal:{number}"
 
 
-def oom_kills(root: Path = _CGROUP_ROOT) -> int | None:
-    """The ``oom_kill`` count of this process's cgroup (v2), or ``None`` if unknown."""
+def oom_kills(root: Path = _CGROUP_ROOT, membership: Path = _MEMBERSHIP) -> int | None:
+    """The ``oom_kill`` count of this process's memory cgroup, or ``None`` if unknown:
+    cgroup v2's ``memory.events``, else cgroup v1's ``memory.oom_control``."""
     try:
-        # cgroup v2: one line, "0::<path>"; the path is relative to the mount.
-        line = Path("/proc/self/cgroup").read_text().splitlines()[0]
-        own = line.split("::", 1)[1].strip("/") if line.startswith("0::") else ""
-    except (OSError, IndexError):
-        own = ""
-    for path in (root / own / "memory.events", root / "memory.events"):
+        lines = membership.read_text().splitlines()
+    except OSError:
+        lines = []
+    # "<id>:<controllers>:<path>": v2's line is "0::<path>", v1's memory one
+    # "<id>:memory:<path>"; each path is relative to its hierarchy's mount.
+    v2 = next((ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")), "")
+    v1 = next((ln.split(":", 2)[2] for ln in lines if ln.split(":")[1:2] == ["memory"]), "")
+    for path in (
+        root / v2.strip("/") / "memory.events",
+        root / "memory.events",
+        root / "memory" / v1.strip("/") / "memory.oom_control",
+        root / "memory" / "memory.oom_control",
+    ):
         try:
             text = path.read_text()
         except OSError:
