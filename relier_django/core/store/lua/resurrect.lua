@@ -38,7 +38,8 @@
 --
 -- Cost: the work per task is most of a pass, and each redis.call has a fixed cost
 -- beyond its command's, so a task costs three calls (HMGET, a history RPUSH, one HSET
--- that writes the new fence with the state); the deadlines are read in one ZMSCORE
+-- that writes the new fence with the state; an HDEL of a pool process's 'death' when
+-- its hand-off brought one); the deadlines are read in one ZMSCORE
 -- and the leases written in one ZADD per batch.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
