@@ -57,7 +57,9 @@ Sent by the scanner leader: a thread of a worker's main process, or ``manage.py
 relier_resurrector``.
 
 Keyword arguments: ``event`` (``TaskResurrected``), ``task_id``, ``task``, ``fence`` (the
-new incarnation's), ``resurrections`` (the count so far), ``queue`` (the recovery queue).
+new incarnation's), ``resurrections`` (the count so far), ``queue`` (the recovery queue),
+``cause`` (how the previous holder died: ``signal:SIGKILL``, ``exit:3``, ``oom``,
+``pool_death``, ``connection_closed``, ``ttl_expired``, ``drain``, ``unsent``).
 """
 
 task_released = Signal()

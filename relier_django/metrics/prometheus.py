@@ -75,6 +75,15 @@ class _Figures(Collector):
         for cause, n in f.resurrections.items():
             res.add_metric([cause], n)
         yield res
+        deaths = CounterMetricFamily(
+            "relier_deaths",
+            "Resurrections by how the lost holder died (signal:SIGKILL, exit:3, oom, "
+            "connection_closed, ttl_expired, ...).",
+            labels=["cause"],
+        )
+        for cause, n in f.deaths.items():
+            deaths.add_metric([cause], n)
+        yield deaths
         rec = _histogram(
             "relier_recovery_seconds",
             "Recovery latency: last sign of life of the lost holder -> running again, by cause.",

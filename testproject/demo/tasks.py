@@ -187,6 +187,24 @@ def fragile(ctx: TaskContext, label: str, deaths: int) -> dict:
     }
 
 
+@rl_task(name="demo.dies_once", max_resurrections=1, keep_trail=True)
+def dies_once(ctx: TaskContext, label: str, how: str) -> int:
+    """Its first run ends its own process: ``how`` is a signal name (``SIGKILL``,
+    ``SIGSEGV``) or ``exit:<code>`` (``os._exit``), or ``sleep:<s>`` (it sleeps, for a
+    test to kill the whole worker meanwhile); the next run returns its fence. Its
+    history is kept after the commit (``keep_trail``), for a test to read."""
+    import os
+    import signal
+
+    if _record(label, ctx) == 1:
+        if how.startswith("sleep:"):
+            time.sleep(float(how.removeprefix("sleep:")))
+        elif how.startswith("exit:"):
+            os._exit(int(how.removeprefix("exit:")))
+        os.kill(os.getpid(), signal.Signals[how])
+    return ctx.fence_token
+
+
 async def _soft_hook(ctx: TaskContext) -> None:
     """The soft-timeout hook: note it ran, and checkpoint where the task got to."""
     _redis().rpush(f"demo:soft:{ctx.task_id}", ctx.fence_token)

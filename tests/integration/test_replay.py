@@ -249,6 +249,32 @@ def handoff(cfg: config.Config, client: redis.Redis) -> Any:
     return fencing.handoff(_keys(cfg), [(env.id, env.fence)], "running", "drain").run(client)
 
 
+def handoff_death(cfg: config.Config, client: redis.Redis) -> Any:
+    env = _started(cfg, client)
+    held = [(env.id, env.fence)]
+    return fencing.handoff(_keys(cfg), held, "running", "pool_death", "signal:SIGKILL").run(client)
+
+
+def handoff_late_death(cfg: config.Config, client: redis.Redis) -> Any:
+    """The main process's report comes after the scanner resurrected the task (its
+    pool process's connection closed first): a 'died' history entry, once."""
+    env = _started(cfg, client)
+    held = [(env.id, env.fence)]
+    assert deaths.hand_off(_keys(cfg), [(env.id, "w1@host:1", 1_000)]).run(client) == 1
+    assert _resurrect_call(cfg).run(client)[0][0] == 1
+    return fencing.handoff(_keys(cfg), held, "running", "pool_death", "signal:SIGKILL").run(client)
+
+
+def resurrect_death(cfg: config.Config, client: redis.Redis) -> Any:
+    """A pool process's death with its cause, the hand-off's deadline passed: the
+    'expired' history entry and the reply name it, once, replay or not."""
+    env = _started(cfg, client)
+    held = [(env.id, env.fence)]
+    assert fencing.handoff(_keys(cfg), held, "running", "pool_death", "exit:3").run(client)
+    client.zadd(_keys(cfg).of_task(env.id).expiry, {env.id: 1})
+    return _resurrect_call(cfg).run(client)
+
+
 def orphans(cfg: config.Config, client: redis.Redis) -> Any:
     env = _started(cfg, client)  # held by w1@host:1, whose connection is gone
     return deaths.hand_off(_keys(cfg), [(env.id, "w1@host:1", 1_000)]).run(client)
@@ -690,6 +716,9 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "push+superseded": ("push", Case(push_superseded, setup_runs=2)),
     "schedule_take+debounce": ("schedule_take", Case(schedule_take_debounced)),
     "adopt+redelivered": ("adopt", Case(adopt_redelivered, setup_runs=1)),
+    "handoff+death": ("handoff", Case(handoff_death)),
+    "resurrect+death": ("resurrect", Case(resurrect_death)),
+    "handoff+late_death": ("handoff", Case(handoff_late_death)),
 }
 # Flow control runs on an unpartitioned store only (model/limits.py refuses it at push).
 _UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_take+parks",

@@ -31,6 +31,7 @@ COUNTERS = frozenset(
         "relier_tasks_retried_total",
         "relier_tasks_dead_lettered_total",
         "relier_resurrections_total",
+        "relier_deaths_total",
         "relier_stale_commits_refused_total",
         "relier_tasks_released_total",
         "relier_tasks_cancelled_total",

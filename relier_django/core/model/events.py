@@ -59,6 +59,12 @@ class TaskResurrected:
         fence: the new incarnation's fence.
         resurrections: how many times the task has now been resurrected.
         queue: where it was re-published (``RECOVERY_QUEUE``).
+        cause: how the previous holder died, as far as is known: ``signal:SIGKILL``,
+            ``exit:3``, ``oom`` (a pool process, seen by its worker's main process),
+            ``pool_death`` (a pool process, how unknown), ``connection_closed`` (the
+            whole worker: its liveness connection closed), ``ttl_expired`` (its
+            heartbeat stopped: host or network lost), ``drain``, ``unsent``; ``""``
+            when not recorded.
     """
 
     task_id: str
@@ -66,6 +72,7 @@ class TaskResurrected:
     fence: int
     resurrections: int
     queue: str
+    cause: str = ""
 
 
 @dataclass(frozen=True, slots=True)

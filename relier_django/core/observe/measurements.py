@@ -144,6 +144,9 @@ class Figures:
     limits: flow.Limits = field(default_factory=lambda: flow.Limits(0, ()))
     throttled: Mapping[tuple[str, str], int] = field(default_factory=dict)
     limit_wait: Mapping[str, Histogram] = field(default_factory=dict)
+    # Resurrections by how the holder died (signal:SIGKILL, exit:3, oom,
+    # connection_closed, ttl_expired, ...): only the causes seen so far.
+    deaths: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def recovery_all(self) -> Histogram:
@@ -168,6 +171,7 @@ class Figures:
             "counters": dict(self.counters),
             "dead_lettered": dict(self.dead_lettered),
             "resurrections": dict(self.resurrections),
+            "deaths": dict(self.deaths),
             "recovery": {cause: hist(h) for cause, h in self.recovery.items()},
             "recovery_phases": {name: hist(h) for name, h in self.phases.items()},
             "queue_wait": hist(self.queue_wait),
@@ -343,6 +347,7 @@ def read(
         objective=objective,
         limits=flow.read(client, config, limit_rates),
         throttled=_throttled(counters),
+        deaths=_labelled(counters, "death:"),
         limit_wait={
             name.removeprefix("lim_wait:"): h
             for name, h in histograms.items()

@@ -67,13 +67,15 @@ class PassReport:
 @dataclass(frozen=True, slots=True)
 class _Leased:
     """resurrect.lua's reply: code 1 leased, 2 over the limit, 0 skipped, -1 failed
-    (``env`` then holds the script's error)."""
+    (``env`` then holds the script's error). ``death``: how its holder died, as far
+    as is known (resurrect.lua's RETURNS)."""
 
     code: int
     fence: int = -1
     env: str = ""
     resurrections: int = 0
     stored: dlq.StoredTask | None = None
+    death: str = ""
 
 
 def _parse_lease(task_id: str, reply: list[Any]) -> _Leased:
@@ -84,7 +86,8 @@ def _parse_lease(task_id: str, reply: list[Any]) -> _Leased:
         return _Leased(0)
     fence = int(reply[1])
     stored = dlq.StoredTask(task_id, fence, reply[4], reply[5], reply[6] or None)
-    return _Leased(code, fence, reply[2], int(reply[3]), stored)
+    death = str(reply[7]) if len(reply) > 7 else ""
+    return _Leased(code, fence, reply[2], int(reply[3]), stored, death)
 
 
 # Tasks per resurrect.lua / resurrected.lua call. A call costs one round trip however
@@ -218,9 +221,14 @@ class Resurrector:
             outcomes["send_failed"] += len(ready) - len(sent)
             if sent:
                 published.append(sent)
+        deaths = {
+            i: lease.death
+            for chunk, leases in leased
+            for i, lease in zip(chunk, leases, strict=True)
+        }
         for sent in published:
             try:
-                recorded = self._record(sent)
+                recorded = self._record(sent, deaths)
             except Exception:
                 # Published but not counted: each lease runs out and a later pass
                 # re-dispatches the task with a newer fence (the older is refused).
@@ -293,7 +301,7 @@ class Resurrector:
         if lease.code == 2:
             # The stored copy may be as pushed: fence and count are the task hash's.
             dying = dataclasses.replace(env, fence=lease.fence, resurrections=lease.resurrections)
-            return self._dead_letter(dying, lease.resurrections)
+            return self._dead_letter(dying, lease.resurrections, lease.death)
         nxt = dataclasses.replace(env, fence=lease.fence, resurrections=lease.resurrections + 1)
         ready.append((nxt, nxt.encode(self.config.signer)))
         return ""
@@ -330,8 +338,9 @@ class Resurrector:
             )
             return False
 
-    def _record(self, sent: list[tuple[Envelope, str]]) -> int:
-        """resurrected.lua over ``sent``; returns how many it recorded."""
+    def _record(self, sent: list[tuple[Envelope, str]], deaths: dict[str, str]) -> int:
+        """resurrected.lua over ``sent``; returns how many it recorded. ``deaths``: how
+        each task's holder died, by task id, for ``task_resurrected``."""
         grace_ms = int(self.config.queued_grace_s * 1000)
         # Re-stored only when signed: see resurrected.lua (key rotation).
         signed = self.config.signer is not None
@@ -353,16 +362,18 @@ class Resurrector:
         recorded = [done[env.id] for env, _ in sent]
         for (env, _), ok in zip(sent, recorded, strict=True):
             logger.warning(
-                "resurrected task_id=%s task=%s fence=%s resurrections=%s%s",
+                "resurrected task_id=%s task=%s fence=%s resurrections=%s cause=%s%s",
                 env.id,
                 env.task,
                 env.fence,
                 env.resurrections,
+                deaths.get(env.id) or "unknown",
                 "" if ok else " (superseded meanwhile)",
             )
             if ok:
                 events.emit(events.TaskResurrected(
-                    env.id, env.task, env.fence, env.resurrections, self.config.recovery_queue
+                    env.id, env.task, env.fence, env.resurrections, self.config.recovery_queue,
+                    deaths.get(env.id, ""),
                 ))  # fmt: skip
         return sum(recorded)
 
@@ -389,12 +400,15 @@ class Resurrector:
             return "unreadable"
         return "skipped"
 
-    def _dead_letter(self, env: Envelope, resurrections: int) -> str:
+    def _dead_letter(self, env: Envelope, resurrections: int, death: str = "") -> str:
+        # The last death's cause goes in the entry ('cause'): an operator deciding
+        # whether to release it needs to know an OOM loop from a lost host.
         failure = Failure(
             Reason.RESURRECTION_LIMIT, None,
             f"its worker died or stalled {resurrections + 1} times "
-            f"(max_resurrections={resurrections})",
-            worker=self.scanner_id,
+            f"(max_resurrections={resurrections})"
+            + (f"; last death: {death}" if death else ""),
+            worker=self.scanner_id, extra={"cause": death} if death else {},
         )  # fmt: skip
         ttl_ms = int(self.config.result_ttl_s * 1000)
         call = dlq.dead_letter(

@@ -495,8 +495,15 @@ class KeySpace:
         p = self._one(task_ids)
         return [p.expiry, *(p.task(t) for t in task_ids)]
 
-    def for_handoff(self, task_ids: Iterable[str]) -> list[str]:
-        return self.for_heartbeat(task_ids)
+    def for_handoff(self, task_ids: Iterable[str], histories: bool = False) -> list[str]:
+        """The expiry index and each task's hash; their history lists too when the
+        call brings a death (handoff.lua)."""
+        task_ids = list(task_ids)
+        keys = self.for_heartbeat(task_ids)
+        if histories:
+            p = self._one(task_ids)
+            keys += [p.history(t) for t in task_ids]
+        return keys
 
     def for_orphans(self, task_ids: Iterable[str]) -> list[str]:
         return self.for_heartbeat(task_ids)

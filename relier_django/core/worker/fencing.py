@@ -78,19 +78,23 @@ def heartbeat(
 
 
 def handoff(
-    keys: KeySpace, held: Sequence[tuple[str, int]], state: str, cause: str
+    keys: KeySpace, held: Sequence[tuple[str, int]], state: str, cause: str, death: str = ""
 ) -> scripts.Call[int]:
     """Give ``(task_id, fence)`` pairs up for immediate resurrection. ``cause`` is
     ``drain`` (a stopping worker) or ``pool_death`` (the pool process died), counted
-    as the resurrection's cause."""
+    as the resurrection's cause; ``death`` says how a pool process died when its main
+    process knows (``signal:SIGKILL``, ``exit:3``, ``oom``)."""
 
     def build(part: KeySpace, chunk: list[tuple[str, int]]) -> scripts.ScriptCall[int]:
         args: list[scripts.Arg] = [state]
         for task_id, fence in chunk:
             args += [task_id, fence]
         args.append(cause)
+        if death:
+            args.append(death)
         ids = [task_id for task_id, _ in chunk]
-        return scripts.ScriptCall(scripts.HANDOFF, part.for_handoff(ids), args, int)
+        keys = part.for_handoff(ids, histories=bool(death))
+        return scripts.ScriptCall(scripts.HANDOFF, keys, args, int)
 
     return scripts.per_partition(keys, held, _first, build, sum)
 

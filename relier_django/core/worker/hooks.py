@@ -18,7 +18,8 @@
 - ``task_failure`` with ``WorkerLostError`` (a pool process died: SIGKILL, the OOM
   killer, a crash in C code): the main process hands the task it was running off at
   once (``handoff.lua``), so it is resurrected within a death check instead of after
-  a heartbeat TTL.
+  a heartbeat TTL. How it died (``signal:SIGKILL``, ``exit:3``, ``oom``: ``exits``)
+  goes with the hand-off, for the task's history, the DLQ and ``task_resurrected``.
 - ``task_failure`` with ``TimeLimitExceeded`` (Celery's hard time limit stopped a task:
   prefork kills the pool process): the main process dead-letters the incarnation it
   stopped at once, reason ``hard_timeout``, never to be resurrected for it.
@@ -47,7 +48,7 @@ from ..recovery.scanner import Scanner
 from ..store import event_loop, layout, liveness
 from ..store.connection import describe, sync_client
 from ..store.keys import KeySpace
-from . import adoption, fencing, forking, intake, pool_order, timeouts
+from . import adoption, exits, fencing, forking, intake, pool_order, timeouts
 from .reservations import Reservations, fence_of, waiting_request_ids
 from .runner import Runner
 
@@ -56,6 +57,7 @@ logger = logging.getLogger("relier_django.signals")
 _scanner: Scanner | None = None
 _reservations: Reservations | None = None
 _hostname: str | None = None  # this worker's node name (celeryd_after_setup)
+_deaths: exits.Deaths | None = None  # names pool-process deaths (worker_ready)
 
 
 def worker_id(hostname: object = None) -> str:
@@ -141,8 +143,10 @@ def _on_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
 
 
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
-    global _scanner, _reservations
+    global _scanner, _reservations, _deaths
     cfg = config.current()
+    if _deaths is None:  # OOM kills counted from here on are this worker's to name
+        _deaths = exits.Deaths()
     if not pool_order.install(getattr(sender, "controller", None), cfg.recovery_queue):
         logger.info("resurrected tasks wait in line here: this pool keeps no prefetch wait")
     if _reservations is None:  # from now on, this worker shows in the live view
@@ -279,10 +283,13 @@ def _on_task_failure(
     cfg = config.current()
     keys, held = KeySpace.of(cfg), [(task_id, fence)]
     try:
+        death = _death_of(exception)
         client = sync_client(cfg)
-        handed = fencing.handoff(keys, held, state="running", cause="pool_death").run(
+        handed = fencing.handoff(keys, held, state="running", cause="pool_death", death=death).run(
             client
-        ) or fencing.handoff(keys, held, state="queued", cause="pool_death").run(client)
+        ) or fencing.handoff(keys, held, state="queued", cause="pool_death", death=death).run(
+            client
+        )
     except Exception:
         logger.error(
             "pool process died running task_id=%s; hand-off failed, it expires in one TTL",
@@ -297,6 +304,13 @@ def _on_task_failure(
             fence,
             exception,
         )
+
+
+def _death_of(exception: Any) -> str:
+    global _deaths
+    if _deaths is None:
+        _deaths = exits.Deaths()
+    return _deaths.cause(exception)
 
 
 def _on_time_limit(sender: Any, task_id: str, exception: Any, args: Any) -> None:

@@ -173,7 +173,10 @@ def test_a_resurrection_sends_task_resurrected(redis_client, received):
 
     ((signal, kwargs),) = received
     assert signal is signals.task_resurrected
-    assert kwargs["event"] == events.TaskResurrected(env.id, "t.waits", 2, 1, cfg.recovery_queue)
+    assert kwargs["event"] == events.TaskResurrected(
+        env.id, "t.waits", 2, 1, cfg.recovery_queue, "unsent"
+    )
+    assert kwargs["cause"] == "unsent"  # its message never reached a worker
 
 
 def test_a_receiver_that_raises_breaks_neither_the_act_nor_the_other_receivers(

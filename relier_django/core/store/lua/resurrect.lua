@@ -15,10 +15,15 @@
 --                worker ever held, its send), where a recovery's latency starts
 -- ARGV[5+i]      task id of the i-th task
 -- RETURNS        one reply per task, in order:
---   {1, new_fence, envelope, resurrections, name, queue, idem}   leased: dispatch the
---      envelope with new_fence
---   {2, fence, envelope, resurrections, name, queue, idem}       over the limit:
---      dead-letter it with fence
+--   {1, new_fence, envelope, resurrections, name, queue, idem, death}   leased:
+--      dispatch the envelope with new_fence
+--   {2, fence, envelope, resurrections, name, queue, idem, death}       over the
+--      limit: dead-letter it with fence
+--   death says how the holder died, as far as is known (field 'res_death', and
+--   'cause' in the 'expired' history entry): what a pool process's main process saw
+--   ('signal:SIGKILL', 'exit:3', 'oom'; handoff.lua's 'death'), else 'pool_death',
+--   'connection_closed' (orphans.lua found its liveness connection gone),
+--   'ttl_expired' (its heartbeat stopped: host or network lost), 'drain', 'unsent'
 --   name, queue and idem (the idempotency key, '' if none) are the task hash's own,
 --   so a task whose stored envelope cannot be read can still be dead-lettered whole
 --   (its claim released, its entry indexed under its task)
@@ -33,7 +38,8 @@
 --
 -- Cost: the work per task is most of a pass, and each redis.call has a fixed cost
 -- beyond its command's, so a task costs three calls (HMGET, a history RPUSH, one HSET
--- that writes the new fence with the state); the deadlines are read in one ZMSCORE
+-- that writes the new fence with the state; an HDEL of a pool process's 'death' when
+-- its hand-off brought one); the deadlines are read in one ZMSCORE
 -- and the leases written in one ZADD per batch.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -52,6 +58,21 @@ local function cause_of(state, worker, handed_cause, deadline)
     return 'heartbeat', deadline - ttl_ms
   end
   return 'unsent', deadline - grace_ms
+end
+
+-- How the holder died (see RETURNS), from the state it left the task in.
+local function death_of(state, worker, handed_cause, detail)
+  if state == 'handoff' then
+    if detail and detail ~= '' and handed_cause ~= 'drain' then
+      return detail  -- the main process saw its pool process's exit status
+    elseif handed_cause == 'process_death' then
+      return 'connection_closed'
+    end
+    return handed_cause or 'drain'
+  elseif state == 'running' or (worker and worker ~= '') then
+    return 'ttl_expired'
+  end
+  return 'unsent'
 end
 
 -- The history entry around its per-task fields, built once per call.
@@ -98,12 +119,13 @@ end
 -- The reply the call that leased this task gave, when this call is a replay of it.
 local function replayed(hash)
   local f = redis.call('HMGET', hash, 'lease', 'fence', 'env', 'res', 'state', 'name',
-    'queue', 'idem')
+    'queue', 'idem', 'res_death')
   if f[1] ~= ARGV[3] then
     return nil
   end
   local code = f[5] == 'dying' and 2 or 1
-  return {code, fence_of(f[2]), f[3], tonumber(f[4]) or 0, f[6] or '', f[7] or '', f[8] or ''}
+  return {code, fence_of(f[2]), f[3], tonumber(f[4]) or 0, f[6] or '', f[7] or '', f[8] or '',
+    f[9] or ''}
 end
 
 local function resurrect(id, deadline, hash, history)
@@ -118,39 +140,44 @@ local function resurrect(id, deadline, hash, history)
     return (not again and replayed(hash)) or {0, 'alive'}
   end
   local f = redis.call('HMGET', hash, 'fence', 'env', 'res', 'maxres', 'state', 'worker',
-    'name', 'queue', 'idem', 'rc_found', 'ho_cause')
+    'name', 'queue', 'idem', 'rc_found', 'ho_cause', 'death', 'res_death')
   if not f[1] then
     redis.call('ZREM', KEYS[1], id)
     moved[id] = false
     return {0, 'gone'}
   end
   local fence = fence_of(f[1])  -- checked before anything is written
+  local death = f[13] or ''
   if f[5] ~= 'dying' then
     -- One entry per incarnation that died; a re-leased 'dying' task already has its own.
+    death = death_of(f[5], f[6], f[11], f[12])
+    if f[12] then  -- this death's: the next incarnation's is its own
+      redis.call('HDEL', hash, 'death')
+    end
     redis.call('RPUSH', history, expired_head .. f[1] .. ',"state":' .. encoded(f[5]) ..
-      ',"worker":' .. encoded(f[6] or '') .. expired_tail)
+      ',"worker":' .. encoded(f[6] or '') .. ',"cause":' .. encoded(death) .. expired_tail)
   end
   local res, maxres = tonumber(f[3]) or 0, tonumber(f[4]) or 0
   local code = 2
   if f[5] == 'dying' or res >= maxres then
-    redis.call('HSET', hash, 'state', 'dying', 'lease', ARGV[3])
+    redis.call('HSET', hash, 'state', 'dying', 'lease', ARGV[3], 'res_death', death)
   else
     code, fence = 1, fence + 1
     local cause, seen = cause_of(f[5], f[6], f[11], tonumber(deadline))
     if f[10] then  -- a re-lease: the recovery stays dated by its first lease
       redis.call('HSET', hash, 'fence', fence, 'state', 'queued', 'worker', '',
-        'lease', ARGV[3], 'res_cause', cause)
+        'lease', ARGV[3], 'res_cause', cause, 'res_death', death)
     else
       redis.call('HSET', hash, 'fence', fence, 'state', 'queued', 'worker', '',
         'lease', ARGV[3], 'res_cause', cause, 'rc_cause', cause, 'rc_seen', seen,
-        'rc_found', now_ms)
+        'rc_found', now_ms, 'res_death', death)
     end
   end
   -- Only a task whose every step succeeded is leased.
   leases[#leases + 1] = lease_until
   leases[#leases + 1] = id
   moved[id] = lease_until
-  return {code, fence, f[2], res, f[7] or '', f[8] or '', f[9] or ''}
+  return {code, fence, f[2], res, f[7] or '', f[8] or '', f[9] or '', death}
 end
 
 local replies = {}

@@ -17,7 +17,8 @@
 -- ARGV[4i+1]     history event: JSON object without its opening brace (see start.lua)
 -- RETURNS        one integer per task, in order: 1 recorded; 0 the fence moved on
 --                meanwhile (nothing written for that task)
--- Counts: 'res:<cause>' (the cause resurrect.lua wrote) once per resurrection; 'rc_sent'
+-- Counts: 'res:<cause>' (the cause resurrect.lua wrote) once per resurrection, and
+-- 'death:<how>' (how the holder died: resurrect.lua's 'res_death') when known; 'rc_sent'
 -- and 'q_ms' date the send, for start.lua's recovery and queue-wait figures.
 -- Each resurrection is counted once: the task hash keeps the fence it was counted for
 -- ('res_fence'), so a replay of this call after a lost reply answers 1 again and
@@ -25,8 +26,9 @@
 -- A task hash whose count is not an integer fails the call; the tasks before it in the
 -- batch stay recorded whole (queued grace included), as if each had its own call.
 --
--- Cost: a task costs four calls (HMGET; one HSET of the count and its fence, with the
--- envelope when one is passed; the history RPUSH; the 'res:<cause>' count); the queued
+-- Cost: a task costs five calls (HMGET; one HSET of the count and its fence, with the
+-- envelope when one is passed; the history RPUSH; the 'res:<cause>' and 'death:<how>'
+-- counts); the queued
 -- graces are written in one ZADD.
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -49,7 +51,8 @@ end
 local graces = {}  -- score, id pairs, written in one ZADD after the batch
 
 local function recorded(id, fence, env, event, hash, history)
-  local f = redis.call('HMGET', hash, 'fence', 'state', 'res', 'res_fence', 'res_cause')
+  local f = redis.call('HMGET', hash, 'fence', 'state', 'res', 'res_fence', 'res_cause',
+    'res_death')
   if f[1] ~= fence then
     return 0
   end
@@ -64,6 +67,9 @@ local function recorded(id, fence, env, event, hash, history)
     redis.call('HSET', hash, 'res', res, 'res_fence', fence, 'rc_sent', now_ms, 'q_ms', now_ms)
   end
   metric_count(metrics, 'res:' .. (f[5] or 'unknown'))
+  if f[6] and f[6] ~= '' then
+    metric_count(metrics, 'death:' .. f[6])
+  end
   -- The new incarnation may already have started (its heartbeat owns the deadline then).
   if f[2] == 'queued' then
     graces[#graces + 1] = grace_until
