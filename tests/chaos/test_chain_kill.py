@@ -79,7 +79,7 @@ def test_a_whole_worker_killed_mid_chain_loses_no_step(worker_factory, redis_cli
 
 
 def test_a_chord_member_killed_mid_run_still_fires_the_callback_once(worker_factory, redis_client):
-    from tests.integration.test_chord import BACKEND  # relier's backend starts chords
+    from tests.integration.workflows.test_chord import BACKEND  # relier's backend starts chords
 
     before = app.conf.result_backend
     app.conf.result_backend, app._backend_cache = BACKEND, None

@@ -61,8 +61,11 @@ def executions(client, label: str) -> list[int]:
 def test_a_master_killed_mid_workload_fails_over_and_every_task_commits_once(group, worker_factory):
     worker = worker_factory(concurrency=2, extra_env={**group.env(), **WORKER_ENV})
     options = {**app.conf.broker_transport_options, "master_name": group.master_name}
+    # A push waits PUSH_WAIT_S (1 s) for Redis, suited to a web request that would rather
+    # answer 503; a site that rides out failovers sets it past one, as here (about 3 s).
+    producer_env = {**group.env(), "RELIER_PUSH_WAIT_S": "10"}
     with process_pointed_at(
-        group.env(), broker_transport_options=options, task_publish_retry_policy=PUBLISH_RETRY
+        producer_env, broker_transport_options=options, task_publish_retry_policy=PUBLISH_RETRY
     ):
         cfg = config.current()
         assert cfg.sentinels and cfg.sentinel_master == group.master_name

@@ -927,3 +927,24 @@ def test_orphans_puts_a_dead_holders_running_task_before_its_reserved_backlog(re
         (running.id, 4_999.0),
         (reserved.id, 5_000.0),
     ]
+
+
+def test_a_push_retried_after_its_task_already_committed_is_answered_stored(redis_client):
+    """push.lua's reply lost, and the task it stored ran and committed before the
+    client's retry came (found by the composition matrix: a group member on the
+    lost-reply worker): the hash that named the push is gone, but the outcome names the
+    push's token, so the retry is answered as the first call was, not refused as a
+    second push of finished work. Another push under the same id still is."""
+    cfg = config.current()
+    client = sync_client(cfg)
+    keys = _keys(cfg)
+    env = _started(cfg, client)
+    record = outcome.succeeded({"ok": 1}, env.fence, env.push)
+    assert fencing.commit(keys, env, record, 60_000).run(client).accepted
+    retried = idempotency.store(keys, env, env.encode(), 60_000, 3, token="push-1").run(client)
+    assert retried.stored and not retried.id_finished
+    assert client.get(keys.result(env.id)) == record  # and nothing was stored again
+    assert not client.exists(keys.task(env.id))
+    other = producer.prepare(tasks.record.relier_spec, ("x",), {}, env.id)
+    again = idempotency.store(keys, other, other.encode(), 60_000, 3, token="p2").run(client)
+    assert again.id_finished and not again.stored

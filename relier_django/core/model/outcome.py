@@ -10,10 +10,15 @@ from .envelope import canonical
 from .errors import TaskCancelled, TaskFailed, TaskSuperseded
 
 
-def succeeded(result: Any, fence: int) -> str:
+def succeeded(result: Any, fence: int, push: str = "") -> str:
     # The fence names the incarnation that committed: commit.lua recognises a replay
-    # of its own call by it (the task hash it checked is gone by then).
-    return canonical({"status": "ok", "result": result, "fence": fence})
+    # of its own call by it (the task hash it checked is gone by then). The push's
+    # token (Envelope.push) lets push.lua recognise a client retry of the very push
+    # whose task ran and committed before the retry came, once the hash is gone.
+    record: dict[str, Any] = {"status": "ok", "result": result, "fence": fence}
+    if push:
+        record["push"] = push
+    return canonical(record)
 
 
 def too_large(record: str, limit: int) -> str | None:

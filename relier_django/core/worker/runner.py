@@ -349,7 +349,7 @@ class Runner:
             return _Dead(limit)
         if isinstance(error, Exception):
             return self._failed(spec, env, error, exhausted=asked is not None)
-        record = self._record(result, env.fence)
+        record = self._record(result, env.fence, env.push)
         if isinstance(record, Failure):
             return _Dead(record)
         now_ms = int(time.time() * 1000)
@@ -530,11 +530,11 @@ class Runner:
             )  # fmt: skip
         return call
 
-    def _record(self, result: Any, fence: int) -> str | Failure:
+    def _record(self, result: Any, fence: int, push: str = "") -> str | Failure:
         """The result as committed, or the DLQ failure of one that is not JSON or is
         larger than ``RESULT_MAX_BYTES``."""
         try:
-            record = outcome.succeeded(result, fence)
+            record = outcome.succeeded(result, fence, push)
         except (TypeError, ValueError, RecursionError) as exc:
             # RecursionError: nested deeper than json can write. Uncaught, it would
             # escape the runner and the task would come back until resurrection_limit.

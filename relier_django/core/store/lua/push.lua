@@ -114,11 +114,22 @@ if redis.call('EXISTS', KEYS[1], KEYS[4], KEYS[5]) > 0 then
   end
   -- >>> debounce (2/3): a client retry of a push that a later one has superseded since
   -- finds its own envelope's digest in the outcome record, and is answered as before.
-  local kept = debounce_ttl and redis.call('GET', KEYS[5])
-  if kept and string.find(kept, '"of":"' .. redis.sha1hex(ARGV[2]) .. '"', 1, true) then
+  local kept = redis.call('GET', KEYS[5])
+  if kept and debounce_ttl
+      and string.find(kept, '"of":"' .. redis.sha1hex(ARGV[2]) .. '"', 1, true) then
     return {1, id, 1}
   end
   -- <<< debounce (2/3) -----------------------------------------------------------------
+  -- A client retry of a push whose task ran and committed before the retry came (its
+  -- reply lost): the outcome names the push's token (outcome.succeeded), so the retry
+  -- is answered as the first call was, stored, not as a second push of finished work.
+  -- Both are canonical JSON (sorted keys): the envelope's own 'push' is followed by its
+  -- 'queue', the record's by its 'result', which a value nested in the arguments or
+  -- the result does not fake by chance.
+  local token = string.match(ARGV[2], '"push":"(%x+)","queue":')
+  if kept and token and string.find(kept, '"push":"' .. token .. '","result":', 1, true) then
+    return {1, id, 0}
+  end
   return {redis.call('EXISTS', KEYS[4]) == 1 and -2 or -4, id}
 end
 if idem then
