@@ -149,7 +149,8 @@ RELIER = {
     "REDIS_URL": RELIER_REDIS_URL,
     # testproject/demo/limit_tasks.py's named limit (docs/flow-control.md).
     "LIMITS": {"shared": {"concurrency": 2}},
-    # django-celery-beat's rows fired by relier (tests/integration/schedule/test_periodic_models.py).
+    # django-celery-beat's rows fired by relier
+    # (tests/integration/schedule/test_periodic_models.py).
     "CELERY_BEAT_MODELS": env.bool("TESTPROJECT_CELERY_BEAT_MODELS", default=False),
 }
 
