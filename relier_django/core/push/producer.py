@@ -610,7 +610,9 @@ def replay(app: Any, envelope: str) -> Receipt:
     The envelope is verified (checksum, and signature when signing keys are set) and
     pushed under its own id, so a replay is safe to repeat: while the task is stored, a
     second replay re-sends fence 1, which the worker refuses (a fence starts once);
-    for ``RESULT_TTL_S`` after it finished, a replay raises ``DuplicateTaskId``.
+    for ``RESULT_TTL_S`` after it committed, a replay is answered as the push it
+    repeats (its outcome names the push) and runs nothing; after it ended otherwise
+    (the DLQ, a cancel), a replay raises ``DuplicateTaskId`` for as long.
 
     Raises:
         EnvelopeError: it does not verify.

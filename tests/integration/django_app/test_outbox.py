@@ -275,10 +275,12 @@ def test_a_row_whose_push_was_already_sent_is_dropped_without_a_second_store(
 
     worker_factory()
     assert receipt.get(timeout=30)["runs"] == 1
-    # Once it has run, the same row again is "already" (its outcome is kept).
+    # Once it has run, the same row again is answered as the push it repeats (its
+    # outcome names the push): nothing is stored or sent, nothing runs again.
     OutboxEntry.objects.using(alias).create(**kept)
     report = relay()
-    assert (report.sent, report.already) == (0, 1)
+    assert (report.sent, report.already) == (1, 0)
+    assert redis_client.llen("celery") == 0 and not redis_client.exists(task)
     assert rows(alias) == []
     time.sleep(1.0)
     assert redis_client.llen(f"demo:exec:lost-delete-{alias}") == 1

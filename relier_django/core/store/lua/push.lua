@@ -128,7 +128,7 @@ if redis.call('EXISTS', KEYS[1], KEYS[4], KEYS[5]) > 0 then
   -- the result does not fake by chance.
   local token = string.match(ARGV[2], '"push":"(%x+)","queue":')
   if kept and token and string.find(kept, '"push":"' .. token .. '","result":', 1, true) then
-    return {1, id, 0}
+    return {1, id, 1}  -- as if waiting: the caller sends nothing for a finished task
   end
   return {redis.call('EXISTS', KEYS[4]) == 1 and -2 or -4, id}
 end
