@@ -46,6 +46,7 @@ COMMANDS = [
     pytest.param(("relier_scheduled", "periodic"), id="relier_scheduled-periodic"),
     pytest.param(("relier_status",), id="relier_status"),
     pytest.param(("relier_resurrector", "--once"), id="relier_resurrector"),
+    pytest.param(("relier_audit",), id="relier_audit"),
 ]
 
 

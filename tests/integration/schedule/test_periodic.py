@@ -211,7 +211,10 @@ def test_a_scanner_killed_between_its_steps_loses_no_tick_and_fires_none_twice(
     time.sleep(0.4)  # the dead scanner's claim runs out
     periodic.fire_due(app, cfg, tick + 500)
     assert _has_task(redis_client, tick, "demo-periodic")
-    assert _pushed(redis_client) == 1
+    # Died after its push: the takeover finds the tick's task stored and not started,
+    # and sends it again, not knowing whether the first message was sent (here it was):
+    # two messages of one task at fence 1, of which start.lua starts one.
+    assert _pushed(redis_client) == (2 if mode == "die-after-push" else 1)
     assert int(redis_client.hget(KEYS.periodic, "demo-periodic")) == tick
     assert not redis_client.hgetall(KEYS.periodic_claims)
 
