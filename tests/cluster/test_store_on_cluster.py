@@ -229,7 +229,7 @@ def test_a_group_runs_each_member_once_and_a_chain_is_refused(
     view = relier_django.workflow(result.id)
     assert view is not None and view.kind == "group"
     assert [s.task_id for s in view.steps] == ids
-    with pytest.raises(ValueError, match="chains and chords are not supported"):
+    with pytest.raises(ValueError, match="chains, chords and links are not supported"):
         chain(add.s(1, 1), add.s(1)).apply_async()
 
 
