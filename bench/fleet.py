@@ -18,9 +18,9 @@ The scanners' death checks, every ``deaths.CHECK_S``:
   - ``all-list`` (relier up to 0.x, before issue 37): every scanner sends ``TIME``,
     ``INFO server``, ``CLIENT LIST TYPE pubsub``, ``SMEMBERS holders``;
   - ``leader-lists`` (now): relier's own ``Deaths.check(watch=True)``, one ``Deaths``
-    per follower, all run in turn from one thread: ``CLIENT LIST ID <leader's
-    connection>``, and ``GET`` of the leader key once every
-    ``deaths.LEADER_READ_EVERY`` checks.
+    per follower, all run in turn from one thread, each every ``deaths.WATCH_S``:
+    ``CLIENT LIST ID <leader's connection>``, and ``GET`` of the leader key once every
+    ``deaths.LEADER_READ_EVERY`` watches.
 
 Measured over ``--window`` seconds at each fleet size: the server's CPU (``INFO cpu``,
 user + sys deltas, as a share of one core), the commands it ran (``INFO commandstats``
@@ -166,7 +166,8 @@ class Fleet:
 
 class Followers(threading.Thread):
     """The ``leader-lists`` followers: relier's own ``Deaths.check(watch=True)``, one
-    ``Deaths`` per simulated scanner, run in turn from one thread, each every CHECK_S."""
+    ``Deaths`` per simulated scanner, run in turn from one thread, each every WATCH_S
+    (a follower that sees a live leader watches it that often)."""
 
     def __init__(self, client: redis.Redis, keys: KeySpace, n: int) -> None:
         super().__init__(daemon=True)
@@ -175,10 +176,10 @@ class Followers(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        gap = deaths.CHECK_S / max(1, len(self.views))
+        gap = deaths.WATCH_S / max(1, len(self.views))
         start = time.monotonic()
         while not self.stop.is_set():
-            if time.monotonic() - start > deaths.CHECK_S:
+            if time.monotonic() - start > deaths.WATCH_S:
                 start = time.monotonic()  # fell behind: skip the checks missed, no burst
             for i, view in enumerate(self.views):
                 due = start + i * gap
@@ -186,7 +187,7 @@ class Followers(threading.Thread):
                     time.sleep(due - time.monotonic())
                 view.check(watch=True)
                 self.checks += 1
-            start += deaths.CHECK_S
+            start += deaths.WATCH_S
 
 
 class Leader(threading.Thread):
@@ -200,7 +201,7 @@ class Leader(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(deaths.CHECK_S):
-            for worker in self.deaths.check():
+            for worker in self.deaths.check(leading=True):
                 self.found[worker] = time.monotonic()
             self.deaths.forget(list(self.found))
 
@@ -275,7 +276,7 @@ def run_size(workers: int, procs: int, scheme: str, window: float, n_deaths: int
         checks0 = count()
         cpu, cmds = _measure(client, window)
         checks = (count() - checks0) / window
-        due = (workers - 1) / deaths.CHECK_S
+        due = (workers - 1) / (deaths.CHECK_S if followers is None else deaths.WATCH_S)
         # On a loaded machine the simulator may send fewer checks than are due: the
         # server's CPU per follower check (getrusage: CPU time, not wall time, over
         # the leader's, measured alone before) then scales to the rate a real fleet

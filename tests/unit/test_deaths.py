@@ -1,7 +1,8 @@
 """The verdict logic of recovery/deaths.py: who is dead, and when not to say so.
 
-The client is a stub that answers the reads of a check (TIME, INFO server, CLIENT
-LIST, the holders, the leader key; a follower's CLIENT LIST ID) from a script: what is
+The client is a stub that answers the reads of a check (CLIENT LIST, and INFO server
+and the holders when the list changed or every few lists, the leader key; a follower's
+CLIENT LIST ID; TIME for the clock) from a script: what is
 tested is the bookkeeping, not Redis (the real thing is
 tests/chaos/test_process_death.py and tests/integration/recovery/test_leader_watch.py)."""
 
@@ -20,32 +21,44 @@ from relier_django.core.store.liveness import connection_name, worker_of
 class _Pipe:
     def __init__(self, server: _Server) -> None:
         self.server = server
+        self.ops: list[str] = []
 
-    def time(self) -> None: ...
-    def info(self, _section: str) -> None: ...
+    def info(self, _section: str) -> None:
+        self.ops.append("info")
+
     def client_list(self, _type: str | None = None, client_id: Any = None) -> None:
-        self.by_id = client_id is not None
+        self.ops.append("watch" if client_id is not None else "list")
 
-    def smembers(self, _key: str) -> None: ...
-    def get(self, _key: str) -> None: ...
+    def smembers(self, _key: str) -> None:
+        self.ops.append("smembers")
+
+    def get(self, _key: str) -> None:
+        self.ops.append("get")
 
     def execute(self) -> list[Any]:
         s = self.server
-        if getattr(self, "by_id", False):
+        s.sent.append(tuple(self.ops))
+        if "watch" in self.ops:
             s.watched += 1
             if s.before_6_2:
                 raise redis.ResponseError("ERR syntax error")
-            return [[{"name": connection_name("rl", w), "id": w} for w in s.live if w == s.leader]]
+            found = [{"name": connection_name("rl", w), "id": w} for w in s.live if w == s.leader]
+            return [found, s.leader][: len(self.ops)]
         if s.cluster_down:
             raise redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down")
-        if s.refuse:
+        if s.refuse and "list" in self.ops:
             raise redis.ResponseError("NOPERM this user has no permissions to run 'client'")
-        clients = [{"name": connection_name("rl", w), "id": w} for w in s.live]
         s.registered |= s.live  # liveness.hold registers once connected
-        now = (s.now_ms // 1000, (s.now_ms % 1000) * 1000)
-        s.listed += 1
-        return [now, {"run_id": s.run_id}, [*clients, {"name": "other", "id": "0"}],
-                set(s.registered), s.leader]  # fmt: skip
+        replies: dict[str, Any] = {
+            "list": [*({"name": connection_name("rl", w), "id": w} for w in s.live),
+                     {"name": "other", "id": "0"}],
+            "info": {"run_id": s.run_id},
+            "smembers": set(s.registered),
+            "get": s.leader,
+        }  # fmt: skip
+        if "list" in self.ops:
+            s.listed += 1
+        return [replies[op] for op in self.ops]
 
 
 class _Server:
@@ -59,6 +72,12 @@ class _Server:
         self.leader: str | None = None
         self.before_6_2 = False
         self.watched = self.listed = 0
+        self.sent: list[tuple[str, ...]] = []  # each round trip's commands
+        self.times = 0
+
+    def time(self) -> tuple[int, int]:
+        self.times += 1
+        return (self.now_ms // 1000, (self.now_ms % 1000) * 1000)
 
     def pipeline(self, transaction: bool = False) -> _Pipe:
         return _Pipe(self)
@@ -198,3 +217,35 @@ def test_a_redis_before_6_2_gets_the_full_list_from_every_scanner(clock, caplog)
     assert d.check(watch=True) == {}
     clock[0] += 1.0
     assert set(d.check(watch=True)) == {"w:1"}  # deaths still found by every scanner
+
+
+def test_an_unchanged_list_is_one_command_and_every_fourth_reads_the_run_id_and_holders(clock):
+    # Issue 37: an idle leader's check is CLIENT LIST alone; the run id and the
+    # registered holders are read once every FULL_EVERY lists; who leads, never.
+    server = _Server()
+    server.live = {"w:1", "w:2"}
+    d = deaths.Deaths(server, KeySpace("rl"))  # type: ignore[arg-type]
+    for _ in range(2 * deaths.FULL_EVERY):
+        clock[0] += deaths.CHECK_S
+        server.now_ms += int(deaths.CHECK_S * 1000)
+        assert d.check(leading=True) == {}
+    full = ("list", "info", "smembers")
+    assert server.sent == ([full] + [("list",)] * (deaths.FULL_EVERY - 1)) * 2
+    assert server.times == 1  # the clock was read once (store/clock.py)
+
+
+def test_a_list_that_changed_reads_the_run_id_at_once_so_a_restart_pauses_every_verdict(
+    clock,
+):
+    server = _Server()
+    server.live = {"w:1", "w:2"}
+    d = deaths.Deaths(server, KeySpace("rl"), grace_s=1.0, pause_s=5.0)  # type: ignore[arg-type]
+    assert d.check(leading=True) == {}
+    assert _step(d, server, clock, 0.25) == {} and server.sent[-1] == ("list", "get")
+    server.run_id, server.live = "b", {"w:1"}  # restarted; w:2 not reconnected yet
+    assert _step(d, server, clock, 0.25) == {}
+    assert server.sent[-2:] == [("list", "get"), ("info", "smembers")]
+    for _ in range(8):  # well past the grace: paused, not dead
+        assert _step(d, server, clock, 0.25) == {}
+    server.live = {"w:1", "w:2"}
+    assert _step(d, server, clock, 0.25) == {}

@@ -6,9 +6,9 @@ TYPE pubsub``) and the registered processes every ``CHECK_S``; a registered proc
 whose name stays absent for ``GRACE_S`` is dead (one that unregistered left on purpose).
 The leader then hands its tasks off (``orphans.lua``) and resurrects them at once.
 
-The other scanners watch the leader alone, every ``CHECK_S``: ``CLIENT LIST ID`` of its
+The other scanners watch the leader alone, every ``WATCH_S``: ``CLIENT LIST ID`` of its
 liveness connection (an id they learn from a list), and the leader key once every
-``LEADER_READ_EVERY`` checks. Listing costs Redis about 0.65 µs per listed connection:
+``LEADER_READ_EVERY`` watches. Listing costs Redis about 0.65 µs per listed connection:
 every scanner listing made a fleet's cost grow with the square of its size; this way it
 grows with its size. When the leader's connection is not there (or the lease is free,
 or changed hands) a follower lists everything from that check on, as a leader does,
@@ -22,7 +22,10 @@ No false deaths, by design:
 - a connection the server closed (a restart, a failover) comes back within a few
   hundred milliseconds; a new server run id (``INFO server``) pauses every verdict for
   ``PAUSE_S`` while the processes reconnect (a scanner's first look needs none: only a
-  process it saw alive can be found dead);
+  process it saw alive can be found dead). The run id and the registered holders are
+  read with every ``FULL_EVERY``-th list and whenever the list differs from the one
+  before: a restart changes the list (its clients are reconnecting) before any name has
+  been missing for ``GRACE_S``, so no verdict is given without them;
 - the liveness connection is never closed by its own side (no read timeout), so a
   slow network or a paused process leaves it open: those are the heartbeat TTL's;
 - a Redis that refuses ``CLIENT LIST`` (some managed services) turns the check off:
@@ -40,13 +43,16 @@ from typing import Any
 import redis
 
 from ..store import scripts
+from ..store.clock import ServerClock
 from ..store.keys import KeySpace
 from ..store.liveness import connection_name, worker_of
 
 logger = logging.getLogger("relier_django.resurrector")
 
-CHECK_S = 0.25  # how often the leader lists the live connections (the others: watch it)
-LEADER_READ_EVERY = 4  # a follower re-reads who leads every this many checks (1 s)
+CHECK_S = 0.25  # how often the leader lists the live connections
+WATCH_S = 0.5  # how often the others watch the leader's connection
+LEADER_READ_EVERY = 4  # a follower re-reads who leads every this many watches (2 s)
+FULL_EVERY = 4  # a list also reads the run id and the registered holders (1 s)
 GRACE_S = 1.0  # how long a name must stay absent: longer than a client's reconnect
 PAUSE_S = 5.0  # after a server restart or failover, no verdict for this long
 _CHUNK = 1000
@@ -72,28 +78,58 @@ class Deaths:
     _leader: str | None = None  # the leader as last read, and its liveness connection
     _leader_conn: str | None = None
     _watches: int = 0
+    # The Redis clock, read with TIME once every few seconds (store/clock.py).
+    clock: ServerClock = field(init=False)
+    # Cadence (issue 37): the server's run id and the registered holders are read every
+    # FULL_EVERY lists, and at once whenever the list changed; between, a list is one
+    # command.
+    _checks: int = 0
+    _live: set[str] | None = None  # the holders listed last (None: read all next time)
+    _registered: set[str] = field(default_factory=set)
+    watching: bool = False  # the last check only watched a live leader
 
-    def check(self, watch: bool = False) -> dict[str, int]:
+    def __post_init__(self) -> None:
+        # Through self: check_deaths points a cluster's scanner at its new home master.
+        self.clock = ServerClock(lambda: self.client)
+
+    def check(self, watch: bool = False, leading: bool = False) -> dict[str, int]:
         """The workers newly found dead (seen alive, then absent for ``grace_s``), each
         with the last time its connection was listed (ms, Redis clock): its last sign of
         life. With ``watch`` (a scanner that does not lead), only the leader's connection
         is looked at while it is there: nothing is found dead then, and nothing is
-        listed."""
+        listed. ``leading``: this scanner holds the lease, so who leads is not read."""
         if self.disabled:
             return {}
-        if watch and not self.no_watch and self._leader_alive():
+        self.watching = bool(watch and not self.no_watch and self._leader_alive())
+        if self.watching:
             return {}
+        self._checks += 1
+        full = self._checks % FULL_EVERY == 1 or self._live is None
         pipe = self.client.pipeline(transaction=False)
-        pipe.time()
-        pipe.info("server")
         pipe.client_list(_type="pubsub")
-        pipe.smembers(self.keys.holders)
-        pipe.get(self.keys.leader)
+        if full:
+            pipe.info("server")
+            pipe.smembers(self.keys.holders)
+        if not leading:
+            pipe.get(self.keys.leader)
         try:
-            (secs, micros), info, clients, registered, leader = pipe.execute()
+            replies = pipe.execute()
+            clients = replies[0]
+            live = {
+                w for c in clients if (w := worker_of(self.keys.prefix, str(c.get("name", ""))))
+            }
+            if not full and live != self._live:
+                # A process came or went (or the server restarted, and its clients are
+                # reconnecting): read what a full check reads before any verdict.
+                extra = self.client.pipeline(transaction=False)
+                extra.info("server")
+                extra.smembers(self.keys.holders)
+                replies = [clients, *extra.execute(), *replies[1:]]
+                full = True
         except _PASSING:
             # A Redis Cluster answers so while a master's slots are being failed over,
             # for every slot: no verdict now, the next check asks again.
+            self._live = None
             return {}
         except redis.ResponseError as exc:
             self.disabled = True
@@ -103,15 +139,30 @@ class Deaths:
                 exc,
             )
             return {}
-        now, now_ms = time.monotonic(), int(secs) * 1000 + int(micros) // 1000
-        prefix = self.keys.prefix
-        live = {w for c in clients if (w := worker_of(prefix, str(c.get("name", ""))))}
+        except redis.ConnectionError:
+            self._live = None  # the next check is a full one: the server may be new
+            self.clock.forget()
+            raise
+        now, now_ms = time.monotonic(), self.clock.now_ms()
+        if full:
+            info, self._registered = replies[1], {str(w) for w in replies[2]}
+            self._saw_run_id(str(info.get("run_id", "")), now)
+        self._live = live
+        if leading:
+            # Once it no longer leads, its first check lists and reads who does.
+            self._leader = self._leader_conn = None
+        else:
+            self._learn_leader(replies[-1], clients)
+        return self._verdicts(live, now, now_ms)
+
+    def _learn_leader(self, leader: Any, clients: list[dict[str, Any]]) -> None:
         self._leader, self._leader_conn = (str(leader) if leader else None), None
         if leader:
-            name = connection_name(prefix, str(leader))
+            name = connection_name(self.keys.prefix, str(leader))
             self._leader_conn = next((str(c["id"]) for c in clients if c.get("name") == name),
                                      None)  # fmt: skip
-        run_id = str(info.get("run_id", ""))
+
+    def _saw_run_id(self, run_id: str, now: float) -> None:
         if run_id != self._run_id:
             if self._run_id is not None:
                 logger.warning(
@@ -121,8 +172,12 @@ class Deaths:
                     self.pause_s,
                 )
                 self._paused_until = now + self.pause_s
+                self.clock.forget()
             # A first look needs no pause: only a process seen alive can be found dead.
             self._run_id = run_id
+
+    def _verdicts(self, live: set[str], now: float, now_ms: int) -> dict[str, int]:
+        registered = self._registered
         for worker in live:
             self._seen[worker] = now_ms
             self._missing.pop(worker, None)
@@ -130,7 +185,7 @@ class Deaths:
             self._missing.clear()
             self._last_check_ms = now_ms
             return {}
-        for worker in set(registered) - live - self._seen.keys():
+        for worker in registered - live - self._seen.keys():
             # Registered, never listed by this scanner: it may have lived until just
             # after the previous check, its last sign of life as far as this one knows.
             self._seen[worker] = self._last_check_ms or now_ms
@@ -179,6 +234,7 @@ class Deaths:
         self._seen.clear()
         self._missing.clear()
         self._last_check_ms = 0
+        self._live = None
         return True
 
     def forget(self, workers: Iterable[str]) -> None:

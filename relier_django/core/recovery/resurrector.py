@@ -135,7 +135,7 @@ class Resurrector:
         each = cast("list[list[str]]", pipe.execute())
         return [task_id for ids in each for task_id in ids][:batch]
 
-    def newly_due(self, since_ms: int | None) -> tuple[bool, int]:
+    def newly_due(self, since_ms: int | None, now_ms: int | None = None) -> tuple[bool, int]:
         """Whether a deadline passed in ``[since_ms, now]`` (Redis clock), and now.
 
         A leader asks this every death check: a task handed off (its deadline set to
@@ -144,20 +144,21 @@ class Resurrector:
         look count, so an expired task a pass leaves (the recovery queue is full) does
         not make every check a pass. One round trip: the earliest deadline after
         ``since_ms`` (in each partition) is compared with the time read in the same
-        pipeline. ``since_ms`` itself is included: a deadline set in the millisecond of
-        the last look, after it, is not missed (one set before it costs one extra
-        pass)."""
+        pipeline (or ``now_ms``, the caller's reading of the Redis clock). ``since_ms``
+        itself is included: a deadline set in the millisecond of the last look, after
+        it, is not missed (one set before it costs one extra pass)."""
         pipe = self.client.pipeline(transaction=False)
         # A cluster's pipeline refuses TIME (it names no key): read apart, just after.
-        in_pipe = not self.config.cluster
+        in_pipe = not self.config.cluster and now_ms is None
         if in_pipe:
             pipe.time()
         after = "-inf" if since_ms is None else since_ms
         for part in self.keys.parts():
             pipe.zrangebyscore(part.expiry, after, "+inf", start=0, num=1, withscores=True)
         earliest = pipe.execute()
-        seconds, micros = earliest.pop(0) if in_pipe else self.client.time()
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        if now_ms is None:
+            seconds, micros = earliest.pop(0) if in_pipe else self.client.time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
         due = since_ms is not None and any(e and float(e[0][1]) <= now_ms for e in earliest)
         return due, now_ms
 

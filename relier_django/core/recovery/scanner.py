@@ -77,6 +77,8 @@ class Scanner:
         self._stop = threading.Event()
         self._leads = False  # as of the last pass
         self.deaths = deaths.Deaths(home_client(config), self.resurrector.keys)
+        # One reading of the Redis clock for both (store/clock.py).
+        self.dispatcher.clock = self.deaths.clock
         # Holders found dead and not handed off yet (by this scanner, once it leads):
         # worker -> (its last sign of life, Redis ms; when this scanner found it).
         self._dead: dict[str, tuple[int, float]] = {}
@@ -101,11 +103,17 @@ class Scanner:
         ).run(self.resurrector.client)
 
     def tick(self) -> PassReport | None:
-        """One pass: due scheduled tasks are dispatched (by every scanner: each task is
-        taken once, so a dead leader's are sent within a pass by the others), then, if
-        this scanner leads, expired ones are resurrected; None when it does not lead."""
+        """One pass: due scheduled tasks are dispatched, then, if this scanner leads,
+        expired ones are resurrected; None when it does not lead. A scanner that saw a
+        live leader at its last check leaves both to it; any other dispatches too (each
+        task is taken once), so a dead or stalled leader's are sent within a pass."""
+        if not self._leads and self.deaths.watching:
+            return None  # the lease is a live leader's, seen at the last check
         self._guarded(self.dispatcher.run_due, "scheduled dispatch")
-        if not self.is_leader():
+        leads = self.is_leader()
+        if leads and not self._leads:
+            self.dispatcher.forget()
+        if not leads:
             return None
         report = self.resurrector.run_pass()
         for name, duty in self.duties:
@@ -126,7 +134,10 @@ class Scanner:
             next_pass = next_check = next_fire = 0.0
             while True:
                 if time.monotonic() >= next_check:
-                    next_check = time.monotonic() + deaths.CHECK_S
+                    # A follower watching a live leader looks less often: only the
+                    # leader's own processes' deaths wait for it (docs/scaling.md).
+                    watching = not self._leads and self.deaths.watching
+                    next_check = time.monotonic() + (deaths.WATCH_S if watching else deaths.CHECK_S)
                     if self._guarded(self.check_deaths, "death check") or (
                         self._leads and self._guarded(self._newly_due, "due check")
                     ):
@@ -163,7 +174,7 @@ class Scanner:
             self.deaths.client = home_client(self.config)
         try:
             # A scanner that does not lead watches the leader alone (deaths.py).
-            newly_dead = self.deaths.check(watch=not self._leads)
+            newly_dead = self.deaths.check(watch=not self._leads, leading=self._leads)
         except redis.ConnectionError:
             refresh_home(self.config)  # the home master may have failed over
             raise
@@ -187,6 +198,7 @@ class Scanner:
             self._leads = self.is_leader()
             if not self._leads:
                 return 0
+            self.dispatcher.forget()
             logger.warning("took the leader lease from dead scanner=%s", leader)
         keys, client = self.resurrector.keys, self.resurrector.client
         held = deaths.held_by(client, keys, {w: seen for w, (seen, _) in self._dead.items()})
@@ -217,7 +229,9 @@ class Scanner:
 
     def _newly_due(self) -> bool:
         """True when a deadline passed since the last check (a hand-off, a TTL)."""
-        due, self._due_seen_ms = self.resurrector.newly_due(self._due_seen_ms)
+        due, self._due_seen_ms = self.resurrector.newly_due(
+            self._due_seen_ms, self.deaths.clock.now_ms()
+        )
         return due
 
     def _guarded(self, step: Any, what: str) -> Any:

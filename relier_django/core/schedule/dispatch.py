@@ -33,7 +33,8 @@ from ..model.envelope import Envelope, decode
 from ..model.errors import EnvelopeError
 from ..model.failure import Failure, Reason
 from ..store import scripts
-from ..store.connection import execute_timed, sync_client, timed_pipeline
+from ..store.clock import ServerClock
+from ..store.connection import sync_client
 from ..store.keys import KeySpace
 
 logger = logging.getLogger("relier_django.schedule")
@@ -41,6 +42,8 @@ logger = logging.getLogger("relier_django.schedule")
 BATCH = 100  # due tasks per schedule_take.lua call
 # On a Redis Cluster the leader polls for a new earliest due time this often (wait()).
 CLUSTER_NAP_S = 0.1
+# The leader reads the earliest due time again at least this often, wake-up or not.
+HEAD_FRESH_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,14 +75,17 @@ class Dispatcher:
         self.config = config
         self.scanner_id = scanner_id
         self.keys = KeySpace.of(config)
+        self.clock = ServerClock(lambda: self.client)
+        self._earliest: float | None = None  # the earliest due time read last, ms
+        self._earliest_read_at: float | None = None  # when (monotonic); None: read again
 
     @property
     def client(self) -> redis.Redis:
         return sync_client(self.config)
 
     def now_ms(self) -> int:
-        seconds, micros = self.client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
+        """The Redis clock, epoch ms (read with ``TIME`` once every few seconds)."""
+        return self.clock.now_ms()
 
     def due_ids(self, part: KeySpace, now_ms: int) -> list[str]:
         due = self.client.zrangebyscore(part.schedule, "-inf", now_ms, 0, BATCH)
@@ -92,16 +98,22 @@ class Dispatcher:
         now_ms, heads = self._heads()
         due = [part for part, head in zip(self.keys.parts(), heads, strict=True)
                if head is not None and head <= now_ms]  # fmt: skip
-        return sum(self._run_due(part) for part in due)
+        try:
+            return sum(self._run_due(part) for part in due)
+        finally:
+            if due:
+                self._earliest_read_at = None  # the heads moved: read them again
 
     def _heads(self) -> tuple[int, list[float | None]]:
-        """The Redis time (ms) and each partition's earliest due time, in one round trip
-        (two on a cluster, whose pipelines refuse TIME)."""
-        pipe = timed_pipeline(self.client)
+        """The Redis time (ms) and each partition's earliest due time, in one round
+        trip; the earliest of them kept for :meth:`next_due_in_s`."""
+        pipe = self.client.pipeline(transaction=False)
         for part in self.keys.parts():
             pipe.zrange(part.schedule, 0, 0, withscores=True)
-        now_ms, replies = execute_timed(self.client, pipe)
-        return now_ms, [float(head[0][1]) if head else None for head in replies]
+        heads = [float(head[0][1]) if head else None for head in pipe.execute()]
+        self._earliest = min((h for h in heads if h is not None), default=None)
+        self._earliest_read_at = time.monotonic()
+        return self.now_ms(), heads
 
     def _run_due(self, part: KeySpace) -> int:
         published = 0
@@ -128,12 +140,25 @@ class Dispatcher:
         return published
 
     def next_due_in_s(self) -> float | None:
-        """Seconds until the earliest scheduled task is due (0 if overdue), or None."""
-        now_ms, heads = self._heads()
-        known = [head for head in heads if head is not None]
-        if not known:
+        """Seconds until the earliest scheduled task is due (0 if overdue), or None.
+
+        The earliest due time is read again only after a wake-up (:meth:`wait`), a
+        dispatch, or ``HEAD_FRESH_S``: between, no new earliest one can have come
+        unseen, since every other writer of one rings the wake-up list (``push.lua``,
+        ``retry.lua``, a freed slot's hand-over in ``_limits.lua``), the leader alone
+        waits on it, and what the leader's own dispatch puts back (a rate's later
+        turn) it reads after dispatching."""
+        read_at = self._earliest_read_at
+        if read_at is None or time.monotonic() - read_at >= HEAD_FRESH_S:
+            self._heads()
+        if self._earliest is None:
             return None
-        return max(0.0, (min(known) - now_ms) / 1000)
+        return max(0.0, (self._earliest - self.now_ms()) / 1000)
+
+    def forget(self) -> None:
+        """Read the earliest due time afresh next time (this scanner just took the
+        lease: the rings before were another's)."""
+        self._earliest_read_at = None
 
     def wait(self, timeout_s: float) -> None:
         """Sleep up to ``timeout_s``, or until a push makes a new earliest due time. On
@@ -143,8 +168,12 @@ class Dispatcher:
             return
         if self.config.cluster:
             time.sleep(min(timeout_s, CLUSTER_NAP_S))
+            self._earliest_read_at = None  # no wake-up list here: read at each nap
             return
-        self.client.blpop([part.schedule_wake for part in self.keys.parts()], timeout=timeout_s)
+        rung = self.client.blpop([part.schedule_wake for part in self.keys.parts()],
+                                 timeout=timeout_s)  # fmt: skip
+        if rung is not None:
+            self._earliest_read_at = None
 
     def _dispatch(self, taken: _Taken) -> bool:
         try:
