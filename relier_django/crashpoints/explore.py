@@ -9,6 +9,7 @@ the run minus its reading before), so runs need no reset between them.
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,11 @@ def labels(crossings: Sequence[hook.Crossing], task: str) -> list[str]:
     return numbered
 
 
+# How long a run waits, after its result is readable, for the worker to record crossing
+# the commit: the receipt sees commit.lua's write before the worker hears its reply.
+SETTLE_S = 10.0
+
+
 class Explorer:
     """Runs one task through every crash point, against a crash-testing worker whose
     directory is ``directory``."""
@@ -97,11 +103,21 @@ class Explorer:
             task.push_with(on_commit=False).push(*args, **kwargs).get(timeout=self.timeout_s)
         except Exception as exc:  # a TaskFailed, a timeout: reported, not raised
             error = f"{type(exc).__name__}: {exc}"
+        commits = self._commits(task.name, wait_s=0 if error else SETTLE_S)
         not_reached = kill_at is not None and hook.disarm(self.directory)
-        commits = sum(
-            1
-            for c in hook.read_trace(self.directory)
-            if c.task == task.name and c.boundary == crashpoint.AFTER_COMMIT
-        )
         done = {e.name: e.read() - before[e.name] for e in effects}
         return Run(label, kill_at is not None and not not_reached, commits, done, error)
+
+    def _commits(self, task: str, wait_s: float) -> int:
+        """The commits of ``task`` the trace records, once it records one (or after
+        ``wait_s``)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            commits = sum(
+                1
+                for c in hook.read_trace(self.directory)
+                if c.task == task and c.boundary == crashpoint.AFTER_COMMIT
+            )
+            if commits or time.monotonic() >= deadline:
+                return commits
+            time.sleep(0.02)

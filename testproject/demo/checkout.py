@@ -54,3 +54,14 @@ def checkout_fixed(ctx: TaskContext, order: str) -> dict[str, str]:
             _record_order(ctx, order)
             unit.result = {"order": order}
     return unit.result  # type: ignore[no-any-return]
+
+
+@rl_task(name="demo.checkout_notify")
+async def checkout_notify(ctx: TaskContext, order: str) -> dict[str, str]:
+    """An ``async def`` step of the example: a checkpoint, then a push (the notice runs
+    as its own task), then the commit: the boundaries of the async path."""
+    from testproject.demo.tasks import sync_record
+
+    await ctx.aset_partial({"order": order})
+    await sync_record.apush(f"notice:{order}")
+    return {"order": order}

@@ -82,3 +82,16 @@ def test_crashpoints_pass_the_checkout_whose_charge_is_inside_the_unit(crashpoin
     assert [dict(run.effects) for run in report.runs] == [{"charges": 1, "orders": 1}] * 6
     # Six charges and six orders in all: one per run, whatever the kill.
     assert rows(checkout_db, "charge:o-fixed")() == 6
+
+
+def test_crashpoints_kill_an_async_task_at_its_checkpoint_its_push_and_its_commit(crashpoints):
+    report: Report = crashpoints(checkout.checkout_notify, "o-async")
+
+    assert report.boundaries == [
+        "checkpoint",
+        "push of demo.sync_record",
+        "before commit.lua",
+        "after commit.lua",
+    ]
+    assert all(run.killed for run in report.runs[1:])
+    assert [run.commits for run in report.runs] == [1] * 5
