@@ -26,6 +26,9 @@ per run) or with the count expected per run: ``(fake_gateway.count, 1)``."""
 
 @dataclass(frozen=True, slots=True)
 class Effect:
+    """An effect a test names: ``read()`` counts its occurrences so far; each run must
+    add exactly ``expected``."""
+
     name: str
     read: Callable[[], int]
     expected: int = 1

@@ -72,6 +72,7 @@ class Report:
 
     @property
     def passed(self) -> bool:
+        """Every run committed once, with each effect as often as expected."""
         return not self.failures
 
     def __str__(self) -> str:
