@@ -171,6 +171,7 @@ CELERY_IMPORTS = [
     "testproject.demo.bound_tasks",  # Celery's bound-task idioms (issue 39)
     "testproject.demo.progress_tasks",  # progress reporting's (tests/integration)
     "testproject.demo.bench_limit_tasks",  # bench/flow_control.py's throughput contender
+    "testproject.demo.checkout",  # the crash-point example (docs/crash-testing.md)
 ]
 
 LOGGING = {

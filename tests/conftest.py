@@ -27,7 +27,10 @@ from testproject.lostreply import LostReplyProxy
 from testproject.postgres import PostgresServer
 from testproject.shared_db import SharedDatabase
 
-pytest_plugins = ["tests.rabbit"]  # the rabbit_server fixture: a private RabbitMQ node
+pytest_plugins = [
+    "tests.rabbit",  # the rabbit_server fixture: a private RabbitMQ node
+    "relier_django.crashpoints",  # crash-point tests of user tasks (docs/crash-testing.md)
+]
 
 TESTS_DIR = Path(__file__).resolve().parent
 POSTGRES_URL_ENV = "TESTPROJECT_POSTGRES_URL"

@@ -28,6 +28,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 
+from ..core import crashpoint
 from ..core.model.errors import TaskLost
 from ..core.worker import atomic
 from ..core.worker.context import TaskContext
@@ -110,8 +111,10 @@ class Unit:
                 )  # fmt: skip
                 return False
             raise
+        crashpoint.cross(crashpoint.BEFORE_INBOX_COMMIT, self.ctx.task_name, self.part)
         block.__exit__(None, None, None)  # the commit: the unit's writes and its row
         self.done, self.fence = True, self.ctx.fence_token
+        crashpoint.cross(crashpoint.AFTER_INBOX_COMMIT, self.ctx.task_name, self.part)
         return False
 
     def _record(self) -> None:

@@ -28,6 +28,7 @@ import redis.exceptions
 from celery import current_task
 from kombu.exceptions import OperationalError
 
+from .. import crashpoint
 from ..broker import publish
 from ..model import arguments, config, ids, limits, tracing, workflow
 from ..model.envelope import Envelope, decode
@@ -476,11 +477,14 @@ def push(
         if (diverted := eager.divert(spec, app, p.env, p.cfg, hook, using)) is not None:
             return diverted
         if on_commit and (deferred := p.defer(app, using)) is not None:
+            crashpoint.cross(crashpoint.PUSH, "", spec.name)
             return deferred
         try:
-            return p.send_now(app, sync_client(p.cfg, wait_s=waits_for(p.cfg)))
+            sent = p.send_now(app, sync_client(p.cfg, wait_s=waits_for(p.cfg)))
         except UNREACHABLE as exc:
             raise _failed(p, exc) from exc
+        crashpoint.cross(crashpoint.PUSH, "", spec.name)
+        return sent
 
 
 async def apush(
@@ -516,11 +520,14 @@ async def apush(
         if (diverted := await eager.adivert(spec, app, p.env, p.cfg, hook, using)) is not None:
             return diverted
         if on_commit and (deferred := p.defer(app, using)) is not None:
+            crashpoint.cross(crashpoint.PUSH, "", spec.name)
             return deferred
         try:
-            return await p.asend_now(app, async_client(p.cfg, wait_s=waits_for(p.cfg)))
+            sent = await p.asend_now(app, async_client(p.cfg, wait_s=waits_for(p.cfg)))
         except UNREACHABLE as exc:
             raise _failed(p, exc) from exc
+        crashpoint.cross(crashpoint.PUSH, "", spec.name)
+        return sent
 
 
 def waits_for(cfg: config.Config) -> float | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from celery.exceptions import MaxRetriesExceededError, Retry
 
+from .. import crashpoint
 from ..model import config as config_mod
 from ..model.errors import TaskLost
 from ..model.request import Request, RetryPolicy, RetryRequest
@@ -211,6 +212,7 @@ class TaskContext:
             raise RuntimeError("this TaskContext is not attached to a running incarnation")
         await self._save(state)
         self._partial = state
+        crashpoint.cross(crashpoint.CHECKPOINT, self.task_name)
 
     def set_partial(self, state: Any) -> None:
         """The same as ``aset_partial``, for plain ``def`` tasks (off the event loop)."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from .. import crashpoint
 from ..broker import publish
 from ..dlq import dead_letter as dlq
 from ..model import limits, outcome, tracing, workflow
@@ -195,10 +196,12 @@ class Runner:
                 message = publish.message_for_store(
                     self.app, action.successor, action.encoded, client
                 )
+            crashpoint.cross(crashpoint.BEFORE_COMMIT, env.task)
             done = fencing.commit(
                 self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail,
                 self._successor(action, message), action.links,
             ).run(client)  # fmt: skip
+            _crossed_commit(env, done)
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 checkpoint.remove_files(self.config.checkpoint_dir, env.id)
             if done.accepted and done.value == 1 and message is None and not action.gate:
@@ -437,10 +440,12 @@ class Runner:
                 message = await publish.amessage_for_store(
                     self.app, action.successor, action.encoded, self.client
                 )
+            crashpoint.cross(crashpoint.BEFORE_COMMIT, env.task)
             done = await fencing.commit(
                 self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail,
                 self._successor(action, message), action.links,
             ).arun(self.client)  # fmt: skip
+            _crossed_commit(env, done)
             if self._committed(env, done) and self.config.checkpoint_dir is not None:
                 await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
             if done.accepted and done.value == 1 and message is None and not action.gate:
@@ -675,6 +680,12 @@ class Runner:
             held,
         )
         return Ended(Ending.REFUSED, task_id, detail=f"dead-letter refused (held {held})")
+
+
+def _crossed_commit(env: Envelope, done: Transition) -> None:
+    # A refused commit is a boundary too, but not a commit: crash tests count commits.
+    accepted = crashpoint.AFTER_COMMIT if done.accepted else crashpoint.AFTER_REFUSED_COMMIT
+    crashpoint.cross(accepted, env.task)
 
 
 def _superseded(env: Envelope) -> Ended:
