@@ -8,7 +8,7 @@ import inspect
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -77,7 +77,8 @@ class ReliableTask(Task):
         idempotency_key: a string, or a callable of the task's arguments; default:
             the canonical JSON of the arguments.
         result_ttl: seconds a finished task's result (and ``TaskResult``) is kept.
-        max_resurrections: re-runs after worker deaths before the DLQ.
+        max_resurrections: re-runs after worker deaths before the DLQ; an integer, or
+            limits by cause of death (``{"oom": 0, "default": 3}``).
         retry_on: exception types retried as a new incarnation.
         max_retries: retries before the DLQ (reason ``retries_exhausted``).
         retry_backoff: base delay of a retry, seconds (exponential, with jitter).
@@ -93,7 +94,7 @@ class ReliableTask(Task):
     idempotent: bool = False
     idempotency_key: Any = None
     result_ttl: int | None = None
-    max_resurrections: int | None = None
+    max_resurrections: int | Mapping[str, int] | None = None
     retry_on: tuple[type[BaseException], ...] = ()
     max_retries: int | None = None
     retry_backoff: float | None = None

@@ -1,0 +1,66 @@
+"""``max_resurrections`` by cause of death (issue 40): checked at decoration, written at
+push as the text resurrect.lua reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from relier_django import rl_task
+from relier_django.core.model import resurrections
+from relier_django.core.model.resurrections import ResurrectionPolicy
+
+
+def test_an_integer_is_stored_as_before():
+    assert resurrections.stored(resurrections.option(2), 3) == 2
+    assert resurrections.stored(None, 3) == 3
+
+
+def test_a_policy_is_stored_with_its_default_first_and_its_causes_sorted():
+    policy = resurrections.option({"ttl_expired": 5, "oom": 0, "default": 2})
+    assert resurrections.stored(policy, 3) == "2,oom=0,ttl_expired=5"
+
+
+def test_a_policy_without_a_default_takes_the_setting_s():
+    policy = resurrections.option({"oom": 0})
+    assert resurrections.stored(policy, 3) == "3,oom=0"
+    assert resurrections.stored(policy, 7) == "7,oom=0"
+
+
+def test_a_death_takes_its_own_limit_then_its_family_s_then_the_default():
+    policy = ResurrectionPolicy.parse({"signal": 1, "signal:SIGSEGV": 0, "default": 4})
+    assert policy.limit("signal:SIGSEGV", 3) == 0
+    assert policy.limit("signal:SIGKILL", 3) == 1
+    assert policy.limit("ttl_expired", 3) == 4
+    assert ResurrectionPolicy.parse({"exit": 2}).limit("exit:3", 3) == 2
+    assert ResurrectionPolicy.parse({"exit": 2}).limit("oom", 3) == 3
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (
+            {"oomkill": 0},
+            r"'oomkill' is not a cause of death; e\.g\. max_resurrections=\{\"oom\": 0",
+        ),
+        ({"signal:kill": 0}, r"'signal:kill' is not a cause of death"),
+        ({"oom": -1}, r"\['oom'\] must be an integer >= 0, got -1"),
+        ({"oom": True}, r"must be an integer >= 0, got True"),
+        ({"default": 1.5}, r"\['default'\] must be an integer >= 0"),
+        ("3", r"must be an integer >= 0 or a mapping by cause"),
+        (-2, r"must be an integer >= 0, got -2"),
+    ],
+)
+def test_a_wrong_policy_fails_at_decoration_with_what_it_should_look_like(value, error):
+    with pytest.raises(ValueError, match=error):
+
+        @rl_task(name="tests.bad_policy", max_resurrections=value)
+        def bad() -> None:
+            """Never registered: its decoration fails."""
+
+
+def test_a_decorated_task_keeps_its_policy_in_its_spec():
+    @rl_task(name="tests.good_policy", max_resurrections={"oom": 0, "default": 3})
+    def good() -> None:
+        """Never run."""
+
+    assert good.relier_spec.max_resurrections == ResurrectionPolicy(3, (("oom", 0),))
