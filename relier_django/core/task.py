@@ -329,7 +329,7 @@ def _linked(app: Any, given: Any, *, errback: bool) -> list[workflow.Step]:
                 immutable=bool(sig.immutable), version=spec.schema.version,
                 priority=_step_priority(sig.options, spec),
                 max_resurrections=(
-                    resurrections.stored(limit, config.current().max_resurrections)
+                    resurrections.stored(limit, config.current().resurrection_policy())
                     if errback else None
                 ),
             )

@@ -1,12 +1,15 @@
 """``max_resurrections`` by cause of death (issue 40): checked at decoration, written at
-push as the text resurrect.lua reads."""
+push as the text resurrect.lua reads; ``RESURRECTIONS_BY_CAUSE`` for tasks that name no
+limit of their own for a cause, checked with the other settings."""
 
 from __future__ import annotations
 
 import pytest
 
-from relier_django import rl_task
+from relier_django import conf, rl_task
 from relier_django.core.model import resurrections
+from relier_django.core.model.config import Config
+from relier_django.core.model.errors import ConfigError
 from relier_django.core.model.resurrections import ResurrectionPolicy
 
 
@@ -64,3 +67,41 @@ def test_a_decorated_task_keeps_its_policy_in_its_spec():
         """Never run."""
 
     assert good.relier_spec.max_resurrections == ResurrectionPolicy(3, (("oom", 0),))
+
+
+def test_the_setting_s_limits_apply_where_a_task_names_none_of_its_own():
+    settings = Config(max_resurrections=4, resurrections_by_cause=("oom=0",)).resurrection_policy()
+    assert resurrections.stored(None, settings) == "4,oom=0"
+    # A task's own mapping wins for the causes it names, and for the default if it names it.
+    own = resurrections.option({"oom": 2, "signal": 1})
+    assert resurrections.stored(own, settings) == "4,oom=2,signal=1"
+    assert resurrections.stored(resurrections.option({"default": 9}), settings) == "9,oom=0"
+    # A task's own integer is its limit for every cause.
+    assert resurrections.stored(5, settings) == 5
+    assert resurrections.stored(None, Config().resurrection_policy()) == 3
+
+
+def test_the_setting_reaches_the_config_from_the_settings_dict_and_the_environment(
+    settings, monkeypatch
+):
+    settings.RELIER = {"RESURRECTIONS_BY_CAUSE": {"oom": 0, "signal:SIGSEGV": 1}}
+    assert conf.get_config().resurrection_policy() == ResurrectionPolicy(
+        3, (("oom", 0), ("signal:SIGSEGV", 1))
+    )
+    monkeypatch.setenv("RELIER_RESURRECTIONS_BY_CAUSE", "ttl_expired=6")
+    conf.get_config.cache_clear()
+    assert conf.get_config().resurrection_policy() == ResurrectionPolicy(3, (("ttl_expired", 6),))
+
+
+@pytest.mark.parametrize(
+    ("entries", "error"),
+    [
+        (("oomkill=0",), r"resurrections_by_cause: 'oomkill' is not a cause of death"),
+        (("oom=-1",), r"'oom=-1' is not 'cause=N' with N >= 0"),
+        (("default=2",), r"the limit of every other cause is MAX_RESURRECTIONS"),
+        (("oom",), r"'oom' is not 'cause=N'"),
+    ],
+)
+def test_a_wrong_setting_is_refused_with_what_it_should_look_like(entries, error):
+    with pytest.raises(ConfigError, match=error):
+        Config(resurrections_by_cause=entries)

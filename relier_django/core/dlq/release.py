@@ -35,7 +35,9 @@ logger = logging.getLogger("relier_django.release")
 def _max_resurrections(app: Any, task_name: str, config: Config) -> int | str:
     task = getattr(app, "tasks", {}).get(task_name)
     spec = getattr(task, "relier_spec", None)
-    return resurrections.stored(getattr(spec, "max_resurrections", None), config.max_resurrections)
+    return resurrections.stored(
+        getattr(spec, "max_resurrections", None), config.resurrection_policy()
+    )
 
 
 def _envelope(entry_id: str, entry: Entry, config: Config) -> Envelope:

@@ -101,11 +101,23 @@ def option(value: object, where: str = "max_resurrections") -> MaxResurrections 
     return checked_limit(value, where)
 
 
-def stored(value: MaxResurrections | None, fallback: int) -> int | str:
-    """What push writes as the task's ``maxres``: the integer as before, or a policy's
-    text (``fallback`` is the setting ``MAX_RESURRECTIONS``)."""
-    if value is None:
-        return fallback
-    if isinstance(value, ResurrectionPolicy):
-        return value.encoded(fallback)
-    return value
+def stored(value: MaxResurrections | None, settings: MaxResurrections) -> int | str:
+    """What push writes as the task's ``maxres``: an integer as before, or a policy's
+    text. ``settings``: ``Config.resurrection_policy()`` (``MAX_RESURRECTIONS`` and
+    ``RESURRECTIONS_BY_CAUSE``), or a bare ``MAX_RESURRECTIONS``.
+
+    A task's own integer is its limit for every cause; a task's own policy names some
+    causes and takes the settings' limits for the others (and their default, unless it
+    names ``"default"``); a task without either takes the settings'."""
+    if isinstance(value, int):
+        return value
+    if isinstance(settings, int):
+        settings = ResurrectionPolicy(settings, ())
+    by_cause, default = dict(settings.by_cause), settings.default
+    if value is not None:
+        by_cause |= dict(value.by_cause)
+        default = default if value.default is None else value.default
+    default = 0 if default is None else default
+    if not by_cause:
+        return default  # stored as it always was
+    return ResurrectionPolicy(default, tuple(sorted(by_cause.items()))).encoded(default)

@@ -234,7 +234,7 @@ class _Push:
 
     def store(self, message: publish.Queued | None) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
-        limit = resurrections.stored(self.spec.max_resurrections, self.cfg.max_resurrections)
+        limit = resurrections.stored(self.spec.max_resurrections, self.cfg.resurrection_policy())
         # On a Redis Cluster the counters are not in the task's slot: admit() runs them.
         gates = () if self.cfg.cluster else self._limits()
         return idempotency.store(

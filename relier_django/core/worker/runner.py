@@ -391,7 +391,7 @@ class Runner:
         limit = getattr(spec, "max_resurrections", None)
         return fencing.Linked(
             link, link.encode(self.signer),
-            resurrections.stored(limit, self.config.max_resurrections), self._gate(link),
+            resurrections.stored(limit, self.config.resurrection_policy()), self._gate(link),
         )  # fmt: skip
 
     def _gate(self, nxt: Envelope) -> str:
@@ -416,7 +416,7 @@ class Runner:
         limit = getattr(spec, "max_resurrections", None)
         return fencing.Successor(
             nxt, action.encoded, message, int(self.config.queued_grace_s * 1000),
-            resurrections.stored(limit, self.config.max_resurrections),
+            resurrections.stored(limit, self.config.resurrection_policy()),
             following.chord, following.index, outcome.result_json(action.record), action.gate,
         )  # fmt: skip
 

@@ -103,3 +103,15 @@ def test_a_push_of_a_task_with_a_policy_stores_it_for_the_scanner(redis_client):
     assert client.hget(KEYS.task(receipt.task_id), "maxres") == "3,oom=0"
     plain = tasks.record.push("plain-stored")
     assert client.hget(KEYS.task(plain.task_id), "maxres") == "3"
+
+
+def test_the_setting_quarantines_an_oom_death_of_a_task_without_a_policy(redis_client, settings):
+    settings.RELIER = {**settings.RELIER, "RESURRECTIONS_BY_CAUSE": {"oom": 0}}
+    client = sync_client(config.current())
+    receipt = tasks.record.push("setting-oom")
+    assert client.hget(KEYS.task(receipt.task_id), "maxres") == "3,oom=0"
+    env = producer.prepare(tasks.record.relier_spec, ("setting-oom",), {}, receipt.task_id)
+    _died(client, env, "oom")
+    assert _pass() == {"dead_lettered": 1}
+    entry = DeadLetterStore(client, KEYS).get(receipt.task_id)
+    assert entry is not None and entry.data["cause"] == "oom"
