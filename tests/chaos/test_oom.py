@@ -4,8 +4,8 @@ same task is resurrected. Real workers, a real memory limit: a memory cgroup the
 creates under its own (the kernel's OOM killer SIGKILLs the pool process), or, where no
 cgroup can be made (not root, no writable memory controller), ``RLIMIT_AS`` on the pool
 process (the allocation raises MemoryError, which relier hands off as an ``oom`` death).
-The first test says which limit it used; the second always uses ``RLIMIT_AS``, so on a
-machine that allows cgroups both paths run."""
+The first test says which limit it used in its id (``[cgroup]`` or ``[rlimit]``); the
+second always uses ``RLIMIT_AS``, so on a machine that allows cgroups both paths run."""
 
 from __future__ import annotations
 
@@ -65,6 +65,18 @@ def _child_cgroup() -> tuple[Path, str] | None:
     return None
 
 
+def _cgroups_work() -> bool:
+    """Whether this machine lets the test make a memory cgroup (tried, then removed)."""
+    found = _child_cgroup()
+    if found is not None:
+        found[0].rmdir()
+    return found is not None
+
+
+# What the first test uses, in its id: [cgroup] where the machine allows it, else [rlimit].
+MACHINE_LIMIT = "cgroup" if _cgroups_work() else "rlimit"
+
+
 def _limit_cgroup(child: Path, limit: str) -> None:
     usage = child / (
         "memory.usage_in_bytes" if limit == "memory.limit_in_bytes" else "memory.current"
@@ -85,25 +97,26 @@ def _limit_address_space(pid: int) -> None:
 
 
 @pytest.fixture
-def limited_worker(worker_factory) -> Iterator[Callable[[bool], tuple[CeleryWorker, str]]]:  # type: ignore[no-untyped-def]
-    """Starts a one-process worker whose pool process has a memory limit: a cgroup when
-    ``cgroup_first`` and the machine allows it, else ``RLIMIT_AS``; returns the worker
-    and which limit it has. No embedded scanner: the test runs the pass itself, once
-    the main process has reported the death (as test_death_cause.py does)."""
+def limited_worker(worker_factory) -> Iterator[Callable[[str], CeleryWorker]]:  # type: ignore[no-untyped-def]
+    """Starts a one-process worker whose pool process has a memory limit, ``"cgroup"``
+    (the worker started inside a new memory cgroup) or ``"rlimit"`` (``RLIMIT_AS`` set
+    on its pool process). No embedded scanner: the test runs the pass itself, once the
+    main process has reported the death (as test_death_cause.py does)."""
     made: list[tuple[CeleryWorker, Path]] = []
     env = {**FAST, "RELIER_EMBEDDED_RESURRECTOR": "false"}
 
-    def start(cgroup_first: bool) -> tuple[CeleryWorker, str]:
-        found = _child_cgroup() if cgroup_first else None
-        if found is None:
+    def start(kind: str) -> CeleryWorker:
+        if kind == "rlimit":
             worker = worker_factory(concurrency=1, extra_env=env)
             _limit_address_space(worker.children()[0].pid)
-            return worker, "rlimit"
+            return worker
+        found = _child_cgroup()
+        assert found is not None, "a memory cgroup could be made at collection, not now"
         child, limit = found
         worker = worker_factory(concurrency=1, extra_env=env, cgroup_procs=child / "cgroup.procs")
         made.append((worker, child))
         _limit_cgroup(child, limit)
-        return worker, "cgroup"
+        return worker
 
     yield start
     for worker, child in made:
@@ -136,9 +149,10 @@ def _quarantined_at_once(worker: CeleryWorker, label: str, reported: str) -> Non
     assert executions(client, label) == [1]  # it ran once: an OOM loop stops at once
 
 
-def test_an_oom_killed_task_is_recorded_and_quarantined_at_once(limited_worker, redis_client):
-    worker, kind = limited_worker(True)
-    print(f"memory limit used: {kind}")  # a cgroup where the machine allows it
+@pytest.mark.parametrize("kind", [MACHINE_LIMIT])
+def test_an_oom_killed_task_is_recorded_and_quarantined_at_once(limited_worker, redis_client, kind):
+    worker = limited_worker(kind)
+    print(f"memory limit used: {kind}")  # also in the test's id
     if kind == "cgroup":
         reported = "pool process died running task_id={} fence=1: handed off"
     else:
@@ -147,8 +161,7 @@ def test_an_oom_killed_task_is_recorded_and_quarantined_at_once(limited_worker, 
 
 
 def test_a_memory_error_under_rlimit_as_is_an_oom_death(limited_worker, redis_client):
-    worker, kind = limited_worker(False)
-    assert kind == "rlimit"
+    worker = limited_worker("rlimit")
     _quarantined_at_once(
         worker, "oom-rlimit-only", "incarnation handed off task_id={} fence=1 death=oom"
     )
