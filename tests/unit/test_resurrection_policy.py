@@ -5,6 +5,7 @@ limit of their own for a cause, checked with the other settings."""
 from __future__ import annotations
 
 import pytest
+from django.tasks import task
 
 from relier_django import conf, rl_task
 from relier_django.core.model import resurrections
@@ -105,3 +106,19 @@ def test_the_setting_reaches_the_config_from_the_settings_dict_and_the_environme
 def test_a_wrong_setting_is_refused_with_what_it_should_look_like(entries, error):
     with pytest.raises(ConfigError, match=error):
         Config(resurrections_by_cause=entries)
+
+
+@task(max_resurrections={"oom": 0, "default": 2})
+def quarantined_job() -> None:
+    """A django.tasks task with limits by cause; never run."""
+
+
+def wrong_job() -> None:
+    """Given a policy with a cause that is not one; never declared."""
+
+
+def test_a_django_task_s_policy_is_checked_and_kept_hashable():
+    assert quarantined_job.max_resurrections == ResurrectionPolicy(2, (("oom", 0),))
+    assert hash(quarantined_job)  # a Task is a frozen dataclass: a dict would not hash
+    with pytest.raises(ValueError, match=r"@task\(max_resurrections=\.\.\.\): 'oomz' is not"):
+        task(max_resurrections={"oomz": 0})(wrong_job)

@@ -92,8 +92,8 @@ def option(value: object, where: str = "max_resurrections") -> MaxResurrections 
     Raises:
         ValueError: anything else, with what it should look like.
     """
-    if value is None:
-        return None
+    if value is None or isinstance(value, ResurrectionPolicy):
+        return value
     if isinstance(value, Mapping):
         return ResurrectionPolicy.parse(value, where)
     if isinstance(value, bool) or not isinstance(value, int):
