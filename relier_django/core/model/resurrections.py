@@ -35,8 +35,9 @@ _HINT = (
 class ResurrectionPolicy:
     """Limits by cause: a death of cause ``c`` is resurrected only while the task has
     been resurrected fewer times (deaths of any cause) than the limit for ``c``: its own
-    (``signal:SIGSEGV``), else its family's (``signal``), else ``default``, else the
-    setting ``MAX_RESURRECTIONS``."""
+    (``signal:SIGSEGV``), else its family's (``signal``), else ``default``. A task's
+    policy leaves ``default`` None to take the settings' (:func:`stored` merges it with
+    ``RESURRECTIONS_BY_CAUSE`` and ``MAX_RESURRECTIONS``)."""
 
     default: int | None
     by_cause: tuple[tuple[str, int], ...]  # sorted pairs: a spec stays hashable
