@@ -302,6 +302,9 @@ class CeleryWorker:
     process: subprocess.Popen[bytes] | None = None
     # Another checkout's code (a benchmark's "before"): the worker runs from there.
     cwd: Path | None = None
+    # A cgroup's process list (``.../cgroup.procs``): the worker starts inside it, so
+    # its pool processes and its own reading of /proc/self/cgroup are the cgroup's.
+    cgroup_procs: Path | None = None
 
     @property
     def log_path(self) -> Path:
@@ -328,6 +331,9 @@ class CeleryWorker:
             *(["--queues", ",".join(self.queues)] if self.queues else []),
             *self.extra_args,
         ]  # fmt: skip
+        if self.cgroup_procs is not None:
+            # The shell joins the cgroup, then becomes the worker (exec keeps its PID).
+            args = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup_procs), *args]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the worker
         self._log_start = self.log_path.stat().st_size
         self.process = subprocess.Popen(

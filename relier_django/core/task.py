@@ -14,7 +14,7 @@ from celery.canvas import maybe_signature
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
 from .broker import publish
-from .model import arguments, config, ids, links, workflow
+from .model import arguments, config, ids, links, resurrections, workflow
 from .model import limits as limits_mod
 from .model import options as options_mod
 from .model.errors import TaskFailed
@@ -329,7 +329,7 @@ def _linked(app: Any, given: Any, *, errback: bool) -> list[workflow.Step]:
                 immutable=bool(sig.immutable), version=spec.schema.version,
                 priority=_step_priority(sig.options, spec),
                 max_resurrections=(
-                    (config.current().max_resurrections if limit is None else limit)
+                    resurrections.stored(limit, config.current().resurrection_policy())
                     if errback else None
                 ),
             )
@@ -435,7 +435,7 @@ def rl_task(
     idempotent: bool = False,
     idempotency_key: KeyOption = None,
     result_ttl: int | None = None,
-    max_resurrections: int | None = None,
+    max_resurrections: int | Mapping[str, int] | None = None,
     retry_on: tuple[type[BaseException], ...] = (),
     max_retries: int | None = None,
     retry_backoff: float | None = None,
@@ -472,7 +472,12 @@ def rl_task(
         idempotency_key: a string, or a callable of the task's arguments returning one;
             default: the canonical JSON of the arguments. Always namespaced by ``name``.
         result_ttl: seconds a committed result (and idempotency claim) is kept.
-        max_resurrections: re-dispatches after worker deaths before the DLQ.
+        max_resurrections: re-dispatches after worker deaths before the DLQ: an
+            integer for every cause of death, or limits by cause, e.g.
+            ``{"oom": 0, "default": 3}`` (an OOM-killed task goes to the DLQ at once,
+            other deaths are resurrected up to 3 times); causes as
+            docs/worker-death.md names them, ``"signal"``/``"exit"`` for every signal
+            or exit code; a cause not named takes ``"default"``, else the setting.
         retry_on: exception types that are retried as a new incarnation.
         max_retries: retries before the DLQ with reason ``retries_exhausted``.
         retry_backoff: base delay in seconds (exponential, with jitter).
@@ -541,7 +546,8 @@ def rl_task(
     Raises:
         ValueError: ``on_soft_timeout`` on a plain ``def`` task, ``soft_timeout >= hard_timeout``,
             a non-positive timeout, ``on_soft_timeout`` without ``soft_timeout``, a
-            ``rate_limit`` that is not a rate, a ``version`` below 1, or
+            ``rate_limit`` that is not a rate, a ``max_resurrections`` that is neither
+            an integer >= 0 nor a mapping of causes to such, a ``version`` below 1, or
             ``migrations`` keys outside ``1..version-1`` or with a hole.
         TypeError: a ``version`` that is not an int, a migration that is not
             callable, an ``atomic`` that is neither a bool nor an alias, or
@@ -582,6 +588,7 @@ def rl_task(
     alias = "default" if atomic is True else (atomic or None)
     if priority is not None:
         priority = options_mod.check_priority(priority, "@rl_task(priority=...)")
+    max_res = resurrections.option(max_resurrections, "@rl_task(max_resurrections=...)")
 
     def decorate(func: Callable[..., Any]) -> RelierTask:
         if not callable(func):
@@ -603,7 +610,7 @@ def rl_task(
         spec = TaskSpec(
             name=task_name, fn=func, queue=queue, priority=priority, idempotent=idempotent,
             idempotency_key=idempotency_key, result_ttl_s=result_ttl,
-            max_resurrections=max_resurrections, retry_on=retry_on, max_retries=max_retries,
+            max_resurrections=max_res, retry_on=retry_on, max_retries=max_retries,
             retry_backoff_s=retry_backoff, retry_backoff_max_s=retry_backoff_max,
             soft_timeout_s=soft_timeout, hard_timeout_s=hard_timeout,
             on_soft_timeout=on_soft_timeout, admission_limit=own_rate, schema=schema,

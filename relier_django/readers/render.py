@@ -75,14 +75,17 @@ def history_rows(history: Iterable[Mapping[str, Any]]) -> list[HistoryRow]:
 
 def history_table(history: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A history as the admin's history table shows it (the DLQ entry page and the task
-    page): per event its time, event, fence, worker, and every other field as details."""
+    page): per event its time, event, fence, worker, the cause of a death (an
+    ``expired`` or ``died`` event: ``oom``, ``signal:SIGKILL``, ...; docs/worker-death.md)
+    and every other field as details."""
     return [
         {
             "at": row.at,
             "event": row.fields.get("event", ""),
             "fence": row.fields.get("fence"),
             "worker": row.fields.get("worker"),
-            "details": ", ".join(row.pairs(HISTORY_COLUMNS)),
+            "cause": row.fields.get("cause", ""),
+            "details": ", ".join(row.pairs((*HISTORY_COLUMNS, "cause"))),
         }
         for row in history_rows(history)
     ]

@@ -8,7 +8,7 @@ import inspect
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from ..core.model import config, events
+from ..core.model import config, events, resurrections
 from ..core.model.timing import NOW, timing
 from ..core.push import producer
 from ..core.store import snapshot
@@ -77,7 +77,8 @@ class ReliableTask(Task):
         idempotency_key: a string, or a callable of the task's arguments; default:
             the canonical JSON of the arguments.
         result_ttl: seconds a finished task's result (and ``TaskResult``) is kept.
-        max_resurrections: re-runs after worker deaths before the DLQ.
+        max_resurrections: re-runs after worker deaths before the DLQ; an integer, or
+            limits by cause of death (``{"oom": 0, "default": 3}``).
         retry_on: exception types retried as a new incarnation.
         max_retries: retries before the DLQ (reason ``retries_exhausted``).
         retry_backoff: base delay of a retry, seconds (exponential, with jitter).
@@ -93,7 +94,9 @@ class ReliableTask(Task):
     idempotent: bool = False
     idempotency_key: Any = None
     result_ttl: int | None = None
-    max_resurrections: int | None = None
+    # A mapping is kept as a ResurrectionPolicy: a Task is a frozen dataclass, hashed
+    # by its fields, and a dict is not hashable.
+    max_resurrections: int | Mapping[str, int] | resurrections.ResurrectionPolicy | None = None
     retry_on: tuple[type[BaseException], ...] = ()
     max_retries: int | None = None
     retry_backoff: float | None = None
@@ -103,6 +106,9 @@ class ReliableTask(Task):
     admission_limit: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_resurrections, Mapping):
+            checked = resurrections.option(self.max_resurrections, "@task(max_resurrections=...)")
+            object.__setattr__(self, "max_resurrections", checked)
         Task.__post_init__(self)  # the backend validates it (slots: no bare super())
         _declare(self)
 

@@ -13,7 +13,10 @@ idempotent duplicate carries the same one:
 - ``"fail"``: raise :class:`Broken` (not retried: the DLQ) at fence 1, a second after
   it started; a release runs it at a higher fence, which succeeds;
 - ``"hold"``: sleep at fence 1, long enough for the test to SIGKILL the process (a pool
-  process, or its whole worker); the next incarnation runs through.
+  process, or its whole worker); the next incarnation runs through;
+- ``"oom"``: raise MemoryError at fence 1, a second after it started (as a process under
+  ``RLIMIT_AS`` would): an ``oom`` death, which the tasks' ``{"oom": 0}`` sends to the
+  DLQ at once; a release runs it at a higher fence, which succeeds.
 
 Every run is noted first, in ``compose:run:<label>`` (task id, fence, attempt, PID, and
 ``first``), so the test finds the process to kill. The body's effect is made last and once per run
@@ -74,6 +77,9 @@ def _begin(ctx: TaskContext, label: str, first: str) -> None:
         raise Broken(f"{label}: fence 1 fails, as asked")
     if first == "hold" and ctx.fence_token == 1:
         time.sleep(HOLD_S)
+    if first == "oom" and ctx.fence_token == 1:
+        time.sleep(FAIL_AFTER_S)
+        raise MemoryError(f"{label}: fence 1 runs out of memory, as asked")
 
 
 def _done(ctx: TaskContext, label: str, **extra: Any) -> dict[str, Any]:
@@ -99,8 +105,9 @@ _OPTIONS: dict[str, Any] = {
     "max_retries": 2,
     "retry_backoff": 0.05,
     # Above what a cell does (one kill, or a whole-worker kill that can also take the
-    # next incarnation): the resurrection limit is not what the matrix tests.
-    "max_resurrections": 6,
+    # next incarnation): the resurrection limit is not what the matrix tests. An OOM
+    # death goes to the DLQ at once (the "out of memory" fate).
+    "max_resurrections": {"oom": 0, "default": 6},
 }
 
 

@@ -205,6 +205,20 @@ def dies_once(ctx: TaskContext, label: str, how: str) -> int:
     return ctx.fence_token
 
 
+@rl_task(name="demo.hog", max_resurrections={"oom": 0, "default": 3}, keep_trail=True)
+def hog(ctx: TaskContext, label: str, mib: int, sleep_s: float = 0.0) -> int:
+    """Sleeps ``sleep_s`` (for a test to kill its worker meanwhile), then fills ``mib``
+    MiB on its first run: past its process's memory limit the OOM killer ends it (a
+    memory cgroup) or the allocation raises MemoryError (RLIMIT_AS). Its policy
+    quarantines an OOM at once and brings any other death back up to 3 times; a later
+    run returns its fence."""
+    if _record(label, ctx) == 1:
+        time.sleep(sleep_s)
+        block = b"x" * (mib << 20)  # written, so every page is really charged
+        return len(block)
+    return ctx.fence_token
+
+
 async def _soft_hook(ctx: TaskContext) -> None:
     """The soft-timeout hook: note it ran, and checkpoint where the task got to."""
     _redis().rpush(f"demo:soft:{ctx.task_id}", ctx.fence_token)

@@ -94,6 +94,11 @@ FATES = [
         releases=True, late=True,
     ),
     Fate(
+        "out of memory", "oom", DEFAULT_QUEUE, fates.release_oom, 20,
+        "runs out of memory (MemoryError): an oom death, in the DLQ at once by its "
+        "max_resurrections' {\"oom\": 0}; released, it commits", releases=True,
+    ),
+    Fate(
         "cancel", "", PARKED_QUEUE, fates.cancel_before_start, 20,
         "cancelled before it starts", join=fates.park, leave=fates.unpark, cancels=True,
     ),

@@ -28,16 +28,22 @@ def nothing(case: Case) -> None:
     """No fault: the task runs to its end (its first incarnation was told what to do)."""
 
 
-def release_failures(case: Case) -> None:
+def release_failures(case: Case, reason: str = "exception") -> None:
     """Release each DLQ entry the cell's tasks made by failing (``exception``), once per
     failure (its fence)."""
     for task in case.followed():
         entry = case.lab.dlq_summary(task.id)
-        if entry is None or entry.reason != "exception" or (task.id, entry.fence) in case.released:
+        if entry is None or entry.reason != reason or (task.id, entry.fence) in case.released:
             continue
         relier_dlq.release_entry(entry.id, expected_fence=entry.fence)
         case.released.add((task.id, entry.fence))
         case.touch(f"released {task.role} from the DLQ (fence {entry.fence})")
+
+
+def release_oom(case: Case) -> None:
+    """Release each DLQ entry the cell's tasks made by running out of memory: an ``oom``
+    death their ``{"oom": 0}`` quarantined at once (``resurrection_limit``)."""
+    release_failures(case, "resurrection_limit")
 
 
 def release_late(case: Case) -> None:

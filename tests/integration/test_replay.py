@@ -275,6 +275,19 @@ def resurrect_death(cfg: config.Config, client: redis.Redis) -> Any:
     return _resurrect_call(cfg).run(client)
 
 
+def resurrect_oom_policy(cfg: config.Config, client: redis.Redis) -> Any:
+    """An OOM death under max_resurrections={"oom": 0}: leased for the DLQ (code 2,
+    death 'oom'), not resurrected; a replay answers the same, no second history entry."""
+    env = _started(cfg, client)
+    client.hset(_keys(cfg).of_task(env.id).task(env.id), "maxres", "3,oom=0")
+    held = [(env.id, env.fence)]
+    assert fencing.handoff(_keys(cfg), held, "running", "pool_death", "oom").run(client)
+    client.zadd(_keys(cfg).of_task(env.id).expiry, {env.id: 1})
+    reply = _resurrect_call(cfg).run(client)
+    assert (reply[0][0], reply[0][7]) == (2, "oom")  # for the DLQ, as its policy says
+    return reply
+
+
 def orphans(cfg: config.Config, client: redis.Redis) -> Any:
     env = _started(cfg, client)  # held by w1@host:1, whose connection is gone
     return deaths.hand_off(_keys(cfg), [(env.id, "w1@host:1", 1_000)]).run(client)
@@ -718,6 +731,7 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "adopt+redelivered": ("adopt", Case(adopt_redelivered, setup_runs=1)),
     "handoff+death": ("handoff", Case(handoff_death)),
     "resurrect+death": ("resurrect", Case(resurrect_death)),
+    "resurrect+oom_policy": ("resurrect", Case(resurrect_oom_policy)),
     "handoff+late_death": ("handoff", Case(handoff_late_death)),
 }
 # Flow control runs on an unpartitioned store only (model/limits.py refuses it at push).

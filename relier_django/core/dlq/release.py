@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..broker import publish
-from ..model import events
+from ..model import events, resurrections
 from ..model.config import Config
 from ..model.envelope import Envelope, decode
 from ..model.errors import EntryNotReleasable, EnvelopeError
@@ -32,12 +32,12 @@ from .store import Cursor, DeadLetterStore, Query
 logger = logging.getLogger("relier_django.release")
 
 
-def _max_resurrections(app: Any, task_name: str, config: Config) -> int:
+def _max_resurrections(app: Any, task_name: str, config: Config) -> int | str:
     task = getattr(app, "tasks", {}).get(task_name)
     spec = getattr(task, "relier_spec", None)
-    if spec is not None and spec.max_resurrections is not None:
-        return int(spec.max_resurrections)
-    return config.max_resurrections
+    return resurrections.stored(
+        getattr(spec, "max_resurrections", None), config.resurrection_policy()
+    )
 
 
 def _envelope(entry_id: str, entry: Entry, config: Config) -> Envelope:

@@ -19,6 +19,7 @@ from .errors import ConfigError
 from .limits import NamedLimit, named_limits
 from .rates import Rate
 from .redaction import redact
+from .resurrections import ResurrectionPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,9 @@ class Config:
     heartbeat_ttl_s: float = 10.0
     heartbeat_interval_s: float | None = None
     max_resurrections: int = 3
+    # Limits by cause of death for every task that names none of its own for that cause:
+    # 'cause=n' entries, from the settings dict {"oom": 0} (model/resurrections.py).
+    resurrections_by_cause: tuple[str, ...] = ()
     max_retries: int = 3
     retry_backoff_s: float = 1.0
     retry_backoff_max_s: float = 300.0
@@ -180,6 +184,7 @@ class Config:
             ("sentinels", self._check_sentinels),
             ("admission_task_limits", self.task_admission_limits),
             ("limits", self.named_limits),
+            ("resurrections_by_cause", self.resurrection_policy),
             ("admission_limit", lambda: self.admission_limit is None
                 or _rate("admission_limit", self.admission_limit)),
         )  # fmt: skip
@@ -210,6 +215,11 @@ class Config:
     def named_limits(self) -> Mapping[str, NamedLimit]:
         """``limits`` as name -> limit (parsed once per distinct value)."""
         return _named_limits(self.limits)
+
+    def resurrection_policy(self) -> ResurrectionPolicy:
+        """``max_resurrections`` and ``resurrections_by_cause``: the limits of a task that
+        names none of its own (``resurrections.stored`` merges a task's over them)."""
+        return _resurrection_policy(self.max_resurrections, self.resurrections_by_cause)
 
     def task_admission_limits(self) -> dict[str, Rate]:
         """``admission_task_limits`` as task name -> rate."""
@@ -341,3 +351,21 @@ def current() -> Config:
 def _named_limits(entries: tuple[str, ...]) -> Mapping[str, NamedLimit]:
     # Asked at every push of a task with limit=: parsed once per settings value.
     return named_limits(entries)
+
+
+@functools.cache
+def _resurrection_policy(default: int, entries: tuple[str, ...]) -> ResurrectionPolicy:
+    pairs: dict[str, int] = {}
+    for entry in entries:
+        cause, sep, text = (part.strip() for part in entry.partition("="))
+        if not (sep and cause and text.isdigit()) or cause == "default":
+            raise ConfigError(
+                f"resurrections_by_cause: {entry!r} is not 'cause=N' with N >= 0 (e.g. "
+                "'oom=0'; the limit of every other cause is MAX_RESURRECTIONS)"
+            )
+        pairs[cause] = int(text)
+    try:
+        found = ResurrectionPolicy.parse(pairs, "resurrections_by_cause")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    return dataclasses.replace(found, default=default)

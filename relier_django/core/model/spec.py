@@ -11,6 +11,7 @@ from .idem_key import KeyOption
 from .limits import TaskLimits
 from .rates import Rate
 from .request import DEFAULT_RETRY_DELAY_S
+from .resurrections import ResurrectionPolicy
 from .schema import Schema
 
 
@@ -25,7 +26,8 @@ class TaskSpec:
     idempotent: bool = False
     idempotency_key: KeyOption = None
     result_ttl_s: int | None = None
-    max_resurrections: int | None = None
+    # An integer, or limits by cause of death (model/resurrections.py).
+    max_resurrections: int | ResurrectionPolicy | None = None
     retry_on: tuple[type[BaseException], ...] = ()
     max_retries: int | None = None
     retry_backoff_s: float | None = None

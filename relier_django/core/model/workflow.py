@@ -38,7 +38,7 @@ class Step:
     version: int = 1  # the step task's argument schema, as its producer knew it
     # An errback's resurrection limit, resolved at push: a filing in the DLQ creates it
     # where no task registry is at hand (the scanner, the dispatcher). None elsewhere.
-    max_resurrections: int | None = None
+    max_resurrections: int | str | None = None  # model/resurrections.py's stored form
     priority: int | None = None  # 0..9 (9 taken first); absent from the wire when None
 
     def wire(self) -> dict[str, Any]:
@@ -62,7 +62,7 @@ class Step:
                 task=raw["task"], id=raw["id"], args=tuple(raw.get("args", ())),
                 kwargs=dict(raw.get("kwargs", {})), queue=raw.get("queue", ""),
                 immutable=bool(raw.get("immutable", False)), version=int(raw.get("version", 1)),
-                max_resurrections=None if raw.get("maxres") is None else int(raw["maxres"]),
+                max_resurrections=_maxres(raw.get("maxres")),
                 priority=_priority(raw.get("priority")),
             )  # fmt: skip
         except (KeyError, TypeError) as exc:
@@ -70,6 +70,13 @@ class Step:
         if not (isinstance(step.task, str) and isinstance(step.id, str) and step.id):
             raise ValueError(f"a chain step is malformed: {raw!r}")
         return step
+
+
+def _maxres(value: Any) -> int | str | None:
+    # An integer, or a policy by cause as model/resurrections.py writes it.
+    if value is None or isinstance(value, str):
+        return value
+    return int(value)
 
 
 def _priority(value: Any) -> int | None:
@@ -169,7 +176,7 @@ def linked(env: Envelope, result: Any, created_ms: int) -> tuple[Envelope, ...]:
     return tuple(_first_taking(env, Step.from_wire(raw), result, created_ms) for raw in env.link)
 
 
-def errbacks(env: Envelope, created_ms: int) -> tuple[tuple[Envelope, int | None], ...]:
+def errbacks(env: Envelope, created_ms: int) -> tuple[tuple[Envelope, int | str | None], ...]:
     """The errbacks ``env``'s filing in the DLQ creates (``link_error=``), each taking
     the failed task's id first unless immutable, with its resurrection limit (resolved
     at push).

@@ -44,7 +44,7 @@ def store(
     envelope: Envelope,
     encoded: str,
     queued_grace_ms: int,
-    max_resurrections: int,
+    max_resurrections: int | str,
     admission: Sequence[Limit] = (),
     message: publish.Queued | None = None,
     *,

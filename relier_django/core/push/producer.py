@@ -30,7 +30,7 @@ from kombu.exceptions import OperationalError
 
 from .. import crashpoint
 from ..broker import publish
-from ..model import arguments, config, ids, limits, tracing, workflow
+from ..model import arguments, config, ids, limits, resurrections, tracing, workflow
 from ..model.envelope import Envelope, decode
 from ..model.errors import AdmissionRejected, ConfigError, DuplicateTaskId, PushFailed
 from ..model.idem_key import derive_key
@@ -235,8 +235,7 @@ class _Push:
 
     def store(self, message: publish.Queued | None) -> ScriptCall[idempotency.StoreResult]:
         grace_ms = int(self.cfg.queued_grace_s * 1000)
-        limit = self.spec.max_resurrections
-        limit = self.cfg.max_resurrections if limit is None else limit
+        limit = resurrections.stored(self.spec.max_resurrections, self.cfg.resurrection_policy())
         # On a Redis Cluster the counters are not in the task's slot: admit() runs them.
         gates = () if self.cfg.cluster else self._limits()
         return idempotency.store(

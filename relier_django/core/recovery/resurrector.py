@@ -403,12 +403,13 @@ class Resurrector:
 
     def _dead_letter(self, env: Envelope, resurrections: int, death: str = "") -> str:
         # The last death's cause goes in the entry ('cause'): an operator deciding
-        # whether to release it needs to know an OOM loop from a lost host.
+        # whether to release it needs to know an OOM loop from a lost host. With limits
+        # by cause, the limit reached is the last death's (resurrect.lua's limit_of).
         failure = Failure(
             Reason.RESURRECTION_LIMIT, None,
             f"its worker died or stalled {resurrections + 1} times "
-            f"(max_resurrections={resurrections})"
-            + (f"; last death: {death}" if death else ""),
+            f"(max_resurrections={resurrections}"
+            + (f" for its last death: {death})" if death else ")"),
             worker=self.scanner_id, extra={"cause": death} if death else {},
         )  # fmt: skip
         ttl_ms = int(self.config.result_ttl_s * 1000)
@@ -417,7 +418,11 @@ class Resurrector:
         )
         moved = call.run(self.client)
         if moved.accepted:
-            logger.error("dead-lettered task_id=%s reason=resurrection_limit", env.id)
+            logger.error(
+                "dead-lettered task_id=%s reason=resurrection_limit cause=%s",
+                env.id,
+                death or "unknown",
+            )
             return "dead_lettered"
         return "skipped"
 

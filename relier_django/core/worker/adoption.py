@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..broker.marker import MARKER_HEADER
+from ..model import resurrections
 from ..model.config import Config
 from ..model.envelope import Envelope
 from ..model.spec import TaskSpec
@@ -93,8 +94,7 @@ def adopt(
     store it as a task held by ``worker``, or answer the envelope stored by an earlier
     adoption. The call carries a fresh token (or ``token``), so running this same call
     again (a retry after a lost reply) is answered as the adoption it made (G10)."""
-    limit = spec.max_resurrections
-    limit = config.max_resurrections if limit is None else limit
+    limit = resurrections.stored(spec.max_resurrections, config.resurrection_policy())
     ttl_ms = int(config.heartbeat_ttl_s * 1000)
     tail = history_tail("adopted", fence=env.fence, worker=worker)
     argv: list[scripts.Arg] = [env.id, env.encode(config.signer), env.task, env.queue, worker,

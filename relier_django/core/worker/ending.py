@@ -17,6 +17,9 @@ class Ending(StrEnum):
     COMMITTED = "committed"  # commit.lua stored the result
     RETRIED = "retried"  # retry.lua stored the next incarnation (and it was sent, or is covered)
     DEAD = "dead"  # dead_letter.lua filed it
+    # handoff.lua gave it up as a death (a MemoryError: cause 'oom'); the scanner
+    # resurrects or dead-letters it by max_resurrections for that cause.
+    HANDED_OFF = "handed_off"
     # Not this copy's to run or finish: start.lua refused it (a stale or duplicate
     # copy), it was superseded while running, or its commit, retry or dead-letter was
     # refused because another incarnation holds the task. Nothing was decided here.

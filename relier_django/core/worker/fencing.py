@@ -119,7 +119,7 @@ class Successor:
     encoded: str
     message: publish.Queued | None
     grace_ms: int
-    max_resurrections: int
+    max_resurrections: int | str  # model/resurrections.py: an integer or a policy's text
     chord: str | None = None
     index: int = 0
     result: str = "null"
@@ -135,7 +135,7 @@ class Linked:
 
     env: Envelope
     encoded: str
-    max_resurrections: int
+    max_resurrections: int | str  # model/resurrections.py: an integer or a policy's text
     gate: str = ""
 
     def script_args(self) -> list[scripts.Arg]:

@@ -299,10 +299,12 @@ def _on_task_failure(
         return
     if handed:
         logger.warning(
-            "pool process died running task_id=%s fence=%s: handed off to resurrection (%s)",
+            "pool process died running task_id=%s fence=%s: handed off to resurrection (%s) "
+            "death=%s",
             task_id,
             fence,
             exception,
+            death or "unknown",
         )
 
 

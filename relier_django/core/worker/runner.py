@@ -31,7 +31,7 @@ from typing import Any
 from .. import crashpoint
 from ..broker import publish
 from ..dlq import dead_letter as dlq
-from ..model import limits, outcome, tracing, workflow
+from ..model import limits, outcome, resurrections, tracing, workflow
 from ..model.backoff import backoff_s
 from ..model.config import Config
 from ..model.envelope import Envelope, decode
@@ -93,7 +93,15 @@ class _Dead:
     failure: Failure
 
 
-_Action = _Commit | _Retry | _Dead
+@dataclass(frozen=True, slots=True)
+class _Died:
+    # A MemoryError escaped the task (a process under RLIMIT_AS): handed off as a death
+    # of cause 'oom', so max_resurrections' limit for 'oom' decides, as for an OOM kill.
+    death: str
+    detail: str
+
+
+_Action = _Commit | _Retry | _Dead | _Died
 
 
 class Runner:
@@ -350,6 +358,11 @@ class Runner:
             # Celery's soft time limit, uncaught: the hard one would stop the next
             # incarnation too, so no retry unless retry_on names it.
             return _Dead(limit)
+        if isinstance(error, MemoryError) and not isinstance(error, spec.retry_on):
+            # Out of memory under RLIMIT_AS is the OOM killer's verdict arrived as an
+            # exception: the same death, the same policy (docs/worker-death.md), unless
+            # the task asked to retry on it.
+            return _Died("oom", f"MemoryError: {error}" if str(error) else "MemoryError")
         if isinstance(error, Exception):
             return self._failed(spec, env, error, exhausted=asked is not None)
         record = self._record(result, env.fence, env.push)
@@ -381,7 +394,7 @@ class Runner:
         limit = getattr(spec, "max_resurrections", None)
         return fencing.Linked(
             link, link.encode(self.signer),
-            self.config.max_resurrections if limit is None else limit, self._gate(link),
+            resurrections.stored(limit, self.config.resurrection_policy()), self._gate(link),
         )  # fmt: skip
 
     def _gate(self, nxt: Envelope) -> str:
@@ -406,7 +419,7 @@ class Runner:
         limit = getattr(spec, "max_resurrections", None)
         return fencing.Successor(
             nxt, action.encoded, message, int(self.config.queued_grace_s * 1000),
-            self.config.max_resurrections if limit is None else limit,
+            resurrections.stored(limit, self.config.resurrection_policy()),
             following.chord, following.index, outcome.result_json(action.record), action.gate,
         )  # fmt: skip
 
@@ -455,7 +468,24 @@ class Runner:
             return self._commit_ended(env, done, result)
         if isinstance(action, _Retry):
             return await self._retry(spec, env, action, action.exc if action.asked else error)
+        if isinstance(action, _Died):
+            return await self._died(env, action)
         return await self._dead(env, action.failure, error=error)
+
+    async def _died(self, env: Envelope, action: _Died) -> Ended:
+        call = fencing.handoff(
+            self.keys, [(env.id, env.fence)], state="running", cause="pool_death",
+            death=action.death,
+        )  # fmt: skip
+        if not await call.arun(self.client):
+            return Ended(Ending.REFUSED, env.id, detail="hand-off refused: superseded")
+        logger.warning(
+            "incarnation handed off task_id=%s fence=%s death=%s: %s",
+            env.id, env.fence, action.death, action.detail,
+        )  # fmt: skip
+        return Ended(
+            Ending.HANDED_OFF, env.id, detail=f"handed off ({action.death}): {action.detail}"
+        )
 
     @staticmethod
     def _commit_ended(env: Envelope, done: Transition, result: Any) -> Ended:

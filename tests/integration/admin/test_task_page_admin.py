@@ -5,7 +5,7 @@ dead-lettered task redirects to its DLQ entry, a finished one names its outcome'
 status, an unknown id is a 404 inside the admin. Caller-chosen ids are escaped and
 survive the round trip through the URL. Django's test client against the session's
 private Redis; the state is made by real acts (the producer's push, dead_letter.lua, a
-real worker running a task)."""
+real worker running a task, a death handed off and resurrected)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,13 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.urls import reverse
 
+from relier_django.core.model import config
+from relier_django.core.model.envelope import decode
 from relier_django.core.push import producer
+from relier_django.core.recovery.resurrector import Resurrector
+from relier_django.core.store.connection import sync_client
+from relier_django.core.store.keys import KeySpace
+from relier_django.core.worker import fencing
 from relier_django.readers import tasks as task_reader
 from testproject.celery import app
 from testproject.demo import tasks
@@ -172,3 +178,32 @@ def test_a_hostile_task_id_is_escaped_and_its_link_opens_its_page(client, login,
     assert HOSTILE not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     unknown = client.get(reverse(TASK, args=[HOSTILE])).content.decode()
     assert HOSTILE not in unknown and "&lt;script&gt;alert(1)&lt;/script&gt;" in unknown
+
+
+def causes_of_death(page: str) -> list[tuple[str, str, str]]:
+    """(event, fence, cause) of each history row with a cause of death."""
+    rows = re.findall(
+        r'<td class="field-event">([^<]*)</td>\s*<td class="field-fence">([^<]*)</td>\s*'
+        r'<td class="field-worker">[^<]*</td>\s*<td class="field-cause">([^<]*)</td>',
+        page,
+    )
+    return [row for row in rows if row[2]]
+
+
+def test_the_task_page_shows_the_cause_of_each_death_in_its_history(client, login, redis_client):
+    cfg = config.current()
+    store = sync_client(cfg)
+    keys = KeySpace.of(cfg)
+    task_id = push("died")
+    env = decode(store.hget(keys.task(task_id), "env"))
+    # Its pool process OOM-killed, as its worker's main process reports it; the scanner
+    # brings it back (sync_record's limit is the setting's, 3).
+    assert fencing.start(keys, env, "w1@host:1", 60_000).run(store).started
+    assert fencing.handoff(keys, [(task_id, 1)], "running", "pool_death", death="oom").run(store)
+    assert Resurrector(app, cfg, "s").run_pass().outcomes == {"resurrected": 1}
+
+    login("view_dlq")
+    page = client.get(reverse(TASK, args=[task_id])).content.decode()
+    assert '<th scope="col">Cause of death</th>' in page
+    assert causes_of_death(page) == [("expired", "1", "oom")]
+    assert field(page, "fence") == "2"

@@ -676,3 +676,13 @@ def test_redis_broker_options_tuning_kombus_inverted_priorities_are_warned(
     celery_conf.broker_transport = "pyamqp"
     celery_conf.broker_transport_options = {"confirm_publish": True, "priority_steps": [0, 9]}
     assert "relier.W011" not in ids()  # RabbitMQ takes 9 first already
+
+
+def test_a_resurrection_limit_for_an_unknown_cause_is_an_e001_naming_the_causes(relier):
+    relier(RESURRECTIONS_BY_CAUSE={"oomkill": 0})
+    errors = [m for m in relier_messages() if m.id == "relier.E001"]
+    assert len(errors) == 1
+    assert errors[0].msg.startswith(
+        "settings.RELIER['RESURRECTIONS_BY_CAUSE']: 'oomkill' is not a cause of death"
+    ), errors[0].msg
+    assert "connection_closed" in errors[0].msg and "oom" in errors[0].msg

@@ -22,7 +22,8 @@
 -- ARGV[4]  queue
 -- ARGV[5]  queued grace, ms: a stored task not started by then is re-dispatched (fenced),
 --          which covers a producer that dies between this script and the broker send
--- ARGV[6]  max resurrections for this task
+-- ARGV[6]  max resurrections for this task: an integer, or limits by cause of death
+--          ('3,oom=0': model/resurrections.py), read by resurrect.lua
 -- ARGV[7]  n, the number of admission counters (0: admission control is off)
 -- ARGV[8+2i], ARGV[9+2i]  limit and window (ms) of admission counter i (0-based)
 -- ARGV[8+2n]  optional: the broker message, as kombu's Redis transport would LPUSH it.

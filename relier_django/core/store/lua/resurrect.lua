@@ -35,6 +35,8 @@
 --   {-1, error}    this task's step failed (a hash edited by hand, say); nothing of it
 --                  was leased, and the others in the batch are answered all the same
 -- A hash that lost its counters counts as past its limit: it goes to the DLQ whole.
+-- The limit is the task's 'maxres' for this death's cause (limit_of): an OOM-killed
+-- task whose policy says {"oom": 0} goes to the DLQ at once (code 2, death 'oom').
 --
 -- Cost: the work per task is most of a pass, and each redis.call has a fixed cost
 -- beyond its command's, so a task costs three calls (HMGET, a history RPUSH, one HSET
@@ -73,6 +75,26 @@ local function death_of(state, worker, handed_cause, detail)
     return 'ttl_expired'
   end
   return 'unsent'
+end
+
+-- The resurrection limit for a death of cause 'death': 'maxres' is an integer, or a
+-- policy by cause, '<default>,<cause>=<n>,...' (model/resurrections.py): the death's
+-- own limit, else its family's ('signal' for 'signal:SIGKILL'), else the default.
+local function limit_of(policy, death)
+  if not policy then
+    return 0
+  end
+  local default = tonumber(policy:match('^[^,]*')) or 0
+  local family = death:match('^([^:]+):')
+  local own, kin
+  for name, n in policy:gmatch(',([^=,]+)=(%d+)') do
+    if name == death then
+      own = tonumber(n)
+    elseif name == family then
+      kin = tonumber(n)
+    end
+  end
+  return own or kin or default
 end
 
 -- The history entry around its per-task fields, built once per call.
@@ -157,7 +179,7 @@ local function resurrect(id, deadline, hash, history)
     redis.call('RPUSH', history, expired_head .. f[1] .. ',"state":' .. encoded(f[5]) ..
       ',"worker":' .. encoded(f[6] or '') .. ',"cause":' .. encoded(death) .. expired_tail)
   end
-  local res, maxres = tonumber(f[3]) or 0, tonumber(f[4]) or 0
+  local res, maxres = tonumber(f[3]) or 0, limit_of(f[4], death)
   local code = 2
   if f[5] == 'dying' or res >= maxres then
     redis.call('HSET', hash, 'state', 'dying', 'lease', ARGV[3], 'res_death', death)
