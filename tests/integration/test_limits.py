@@ -225,3 +225,37 @@ def test_a_key_that_is_not_a_short_string_is_refused_at_push(redis_client):
     with pytest.raises(ValueError, match="concurrency key"):
         limit_tasks.per_key.push(RUN, {"a": 1}, "l0")  # type: ignore[arg-type]
     assert sync_client(config.current()).zcard("rl:sched") == 0
+
+
+def test_an_idle_scope_leaves_the_in_use_indexes_once_its_last_holder_frees(
+    worker_factory, redis_client
+):
+    """``lim_scopes`` lists a scope while it holds a slot or parks a task, ``lim_rates``
+    a rate scope while its reservation lasts (readers list them from there, never by a
+    SCAN): once the tasks are done, neither names any, and neither key is left (G7)."""
+    from relier_django.core.store.keys import KeySpace
+    from testproject.harness import wait_until
+
+    keys = KeySpace("rl")
+    for i in range(3):
+        for customer in ("a", "b"):
+            limit_tasks.sequence.push(RUN, customer, f"{customer}{i}", 0.05)
+    # Pushed before any worker runs: each key's first task holds its slot, the rest park.
+    assert redis_client.smembers(keys.limit_scopes) == {
+        b"t:demo.lim.sequence|a",
+        b"t:demo.lim.sequence|b",
+    }
+    for i in range(3):
+        limit_tasks.rated.push(RUN, f"r{i}")
+    worker_factory(concurrency=2)
+    # The leader reserves the rate's time at dispatch: the rate scope is listed, with a TTL.
+    wait_until(
+        lambda: redis_client.zscore(keys.limit_rates, "t:demo.lim.rated") is not None,
+        30,
+        what="the rate scope in lim_rates",
+    )
+    assert redis_client.pttl(keys.limit_rates) > 0
+    _wait_for(redis_client, 9)
+    wait_until(lambda: not redis_client.exists(keys.limit_scopes), 10, what="lim_scopes emptied")
+    wait_until(lambda: not redis_client.exists(keys.limit_rates), 10, what="lim_rates expired")
+    _no_limit_keys_left(redis_client)
