@@ -29,7 +29,7 @@ from celery import current_task
 from kombu.exceptions import OperationalError
 
 from ..broker import publish
-from ..model import arguments, config, ids, limits, tracing, workflow
+from ..model import arguments, config, events, ids, limits, tracing, workflow
 from ..model.envelope import Envelope, decode
 from ..model.errors import AdmissionRejected, ConfigError, DuplicateTaskId, PushFailed
 from ..model.idem_key import derive_key
@@ -288,6 +288,12 @@ class _Push:
         logger.debug("idempotent duplicate task=%s task_id=%s", self.env.task, stored.task_id)
         return Receipt(stored.task_id, deduplicated=True, config=self.cfg)
 
+    def told_parked(self, stored: idempotency.StoreResult) -> None:
+        """Emit ``TaskParked`` when push.lua parked this push over its limit (G14)."""
+        if stored.parked and self.gate is not None:
+            events.emit(events.TaskParked(self.env.id, self.env.task, self.gate.scope,
+                                          self.gate.parked_key))  # fmt: skip
+
     def receipt(self) -> Receipt:
         return Receipt(
             self.env.id, deduplicated=False, config=self.cfg, created_ms=self.env.created_ms
@@ -318,6 +324,7 @@ class _Push:
         stored = self.store(message).run(client)
         if (dup := self.duplicate(stored)) is not None:
             return dup
+        self.told_parked(stored)
         if message is None and not stored.scheduled:
             try:
                 publish.send(app, self.env, self.encoded)
@@ -341,6 +348,7 @@ class _Push:
         stored = await self.store(message).arun(client)
         if (dup := self.duplicate(stored)) is not None:
             return dup
+        self.told_parked(stored)
         if message is None and not stored.scheduled:
             try:
                 await publish.asend(app, self.env, self.encoded)
