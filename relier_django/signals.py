@@ -63,8 +63,9 @@ new incarnation's), ``resurrections`` (the count so far), ``queue`` (the recover
 """
 
 task_released = Signal()
-"""A DLQ entry was released: its task re-created with a new fence, published, and the
-entry dropped.
+"""A DLQ entry was released: its task re-created with a new fence, published (a task
+with flow control: stored due now for the scanner leader to dispatch through its gate),
+and the entry dropped.
 
 Sent by the process that released it: a web process (the admin), ``manage.py
 relier_dlq release``, or any code calling ``relier_django.dlq.release``.

@@ -78,8 +78,9 @@ class TaskResurrected:
 
 @dataclass(frozen=True, slots=True)
 class TaskReleased:
-    """A DLQ entry was released: its task re-created, published, and the entry dropped
-    (``release_done.lua``).
+    """A DLQ entry was released: its task re-created, published (a task with flow
+    control: stored due now for the leader's dispatch through its gate), and the entry
+    dropped (``release_done.lua``).
 
     Attributes:
         task_id: the task's id.
