@@ -8,7 +8,8 @@
 
 Each event is a frozen dataclass, emitted in the process where it happened, once the
 script that made it true answered (a task dead-lettered, resurrected, released from
-the DLQ, cancelled). A handler that raises is logged and never breaks the operation
+the DLQ, cancelled, parked over its flow-control limit, dispatched once handed a
+slot). A handler that raises is logged and never breaks the operation
 that emitted the event. Django's signals (``relier_django.signals``) are fed from here.
 """
 
@@ -17,8 +18,10 @@ from .core.model.events import (
     Handler,
     TaskCancelled,
     TaskDeadLettered,
+    TaskParked,
     TaskReleased,
     TaskResurrected,
+    TaskUnparked,
     subscribe,
     unsubscribe,
 )
@@ -28,8 +31,10 @@ __all__ = [
     "Handler",
     "TaskCancelled",
     "TaskDeadLettered",
+    "TaskParked",
     "TaskReleased",
     "TaskResurrected",
+    "TaskUnparked",
     "subscribe",
     "unsubscribe",
 ]

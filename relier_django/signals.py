@@ -63,8 +63,9 @@ new incarnation's), ``resurrections`` (the count so far), ``queue`` (the recover
 """
 
 task_released = Signal()
-"""A DLQ entry was released: its task re-created with a new fence, published, and the
-entry dropped.
+"""A DLQ entry was released: its task re-created with a new fence, published (a task
+with flow control: stored due now for the scanner leader to dispatch through its gate),
+and the entry dropped.
 
 Sent by the process that released it: a web process (the admin), ``manage.py
 relier_dlq release``, or any code calling ``relier_django.dlq.release``.
@@ -85,11 +86,37 @@ Keyword arguments: ``event`` (``TaskCancelled``), ``task_id``, ``running`` (True
 running incarnation was fenced off), ``task`` ('' when unknown), ``queue``.
 """
 
+task_parked = Signal()
+"""A task over its flow-control limit (G14) found no free slot and waits in its key's
+line, in Redis, in no worker (docs/flow-control.md).
+
+Sent by the process that parked it: the pushing process (``push``, ``apush``, a
+commit's deferred push, the outbox's relay) for a push due at once, or the scanner
+leader (a thread of a worker's main process, or ``manage.py relier_resurrector``) for a
+task parked at its dispatch (a countdown, a retry's backoff, a DLQ release). A client
+retry of a push whose reply was lost is answered as the first call: sent once.
+
+Keyword arguments: ``event`` (``TaskParked``), ``task_id``, ``task``, ``scope`` (e.g.
+``n:stripe`` or ``t:app.sync|acme``), ``key`` (its line in a shared scope, '' per key).
+"""
+
+task_unparked = Signal()
+"""A parked task was handed a freed slot (by the commit, DLQ filing or cancel that
+freed it) and dispatched to the broker.
+
+Sent by the scanner leader as it dispatches the task.
+
+Keyword arguments: ``event`` (``TaskUnparked``), ``task_id``, ``task``, ``queue``,
+``waited_s`` (from its parking to its dispatch, on the Redis clock).
+"""
+
 _SIGNALS: dict[type[Any], Signal] = {
     events.TaskDeadLettered: task_dead_lettered,
     events.TaskResurrected: task_resurrected,
     events.TaskReleased: task_released,
     events.TaskCancelled: task_cancelled,
+    events.TaskParked: task_parked,
+    events.TaskUnparked: task_unparked,
 }
 
 

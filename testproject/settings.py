@@ -148,7 +148,9 @@ if env.str("CELERY_BROKER_MASTER_NAME", default=""):
 RELIER = {
     "REDIS_URL": RELIER_REDIS_URL,
     # testproject/demo/limit_tasks.py's named limit (docs/flow-control.md).
-    "LIMITS": {"shared": {"concurrency": 2}},
+    # "single": one at a time per key, for the per-call tests
+    # (tests/integration/push/test_limits_per_call.py).
+    "LIMITS": {"shared": {"concurrency": 2}, "single": {"concurrency": 1, "per_key": True}},
     # django-celery-beat's rows fired by relier
     # (tests/integration/schedule/test_periodic_models.py).
     "CELERY_BEAT_MODELS": env.bool("TESTPROJECT_CELERY_BEAT_MODELS", default=False),

@@ -94,6 +94,8 @@ class RelierTask(Task):
         debounce_s: float | timedelta | None = None,
         debounce_key: str | None = None,
         priority: int | None = None,
+        limit: str | None = None,
+        concurrency_key: str | int | None = None,
     ) -> PushWith:
         """Options for one push, apart from the task's arguments (no parameter name of
         a task is reserved): ``task.push_with(using="orders").push(order_id)``.
@@ -120,12 +122,19 @@ class RelierTask(Task):
             priority: 0 (lowest) to 9: of the messages waiting in one queue, a higher
                 priority is taken first, on every broker (docs/priorities.md); default
                 the task's ``@rl_task(priority=)``. Eager mode ignores it.
+            limit: a ``RELIER["LIMITS"]`` name: this push takes that limit's slots and
+                rate instead of the task's own ``concurrency=``/``limit=``/``rate=``
+                (docs/flow-control.md, "Per call"). Kept by its retries, resurrections,
+                DLQ release and outbox relay. Eager mode ignores it.
+            concurrency_key: this push's key under its limit, the key itself (a str or
+                an int), instead of the one the task's ``concurrency_key`` derives.
 
         Raises:
             TypeError: an option of the wrong type, a naive datetime, ``debounce_key``
                 without ``debounce_s``.
             ValueError: ``using`` together with ``on_commit=False``; a negative countdown;
-                a priority outside 0..9;
+                a priority outside 0..9; a ``limit``/``concurrency_key`` that cannot
+                name one (a limit the settings lack is a ``ConfigError`` at push);
                 a due or expiry time outside 0001-01-02 .. 9999-12-31 UTC
                 (``model.timing.LATEST_MS``); ``debounce_s`` with ``countdown`` or
                 ``eta`` (the window is the countdown), or not above 0.
@@ -141,8 +150,9 @@ class RelierTask(Task):
         when = timing(countdown, eta, expires)
         if priority is not None:
             priority = options_mod.check_priority(priority, "push_with(priority=...)")
+        flow = limits_mod.check_call(limit, concurrency_key, f"{self.name}: push_with()")
         return PushWith(self.relier_spec, self.app, on_commit=on_commit, using=using, when=when,
-                        debounce=window, priority=priority)  # fmt: skip
+                        debounce=window, priority=priority, flow=flow)  # fmt: skip
 
     def delay(self, *args: Any, **kwargs: Any) -> Receipt:
         """Celery's name for :meth:`push`, with the same guarantees."""
@@ -155,8 +165,9 @@ class RelierTask(Task):
         **options: Any,
     ) -> Receipt:
         """Celery's ``apply_async``: a :meth:`push` with ``task_id=``, ``queue=``,
-        ``countdown=``, ``eta=``, ``expires=`` and ``priority=`` (0..9, 9 first, on
-        every broker).
+        ``countdown=``, ``eta=``, ``expires=``, ``priority=`` (0..9, 9 first, on
+        every broker), and ``limit=``/``concurrency_key=`` (as :meth:`push_with`'s, so a
+        beat entry's or a signature's ``options`` carry them too).
 
         ``link=`` (one ``@rl_task`` signature or a list) creates each callback with the
         commit, once, with the result as its first argument (not for an immutable
@@ -266,6 +277,7 @@ def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
         chosen = options.get("task_id")
         if chosen is not None:
             ids.check_id(chosen, f"chain step {spec.name!r} task_id")
+        flow = _step_flow(options, spec, f"chain step {spec.name!r}")
         steps.append(
             workflow.Step(
                 task=spec.name,
@@ -276,6 +288,8 @@ def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
                 immutable=bool(sig.immutable),
                 version=spec.schema.version,
                 priority=_step_priority(options, spec),
+                limit=flow["limit"],
+                limit_key=flow["limit_key"],
             )
         )
     return steps
@@ -309,10 +323,11 @@ def _linked(app: Any, given: Any, *, errback: bool) -> list[workflow.Step]:
             )
         if sig.options.get("link") or sig.options.get("link_error"):
             raise TypeError(f"{option}={spec.name!r} has links of its own: not supported yet")
-        if errback and spec.limits:
+        flow = _step_flow(sig.options, spec, f"{option} {spec.name!r}")
+        if errback and (spec.limits or flow["limit"] or flow["limit_key"]):
             raise TypeError(
                 f"link_error={spec.name!r}: an errback whose task has flow control "
-                "(concurrency=, limit=, rate=) is not supported yet"
+                "(concurrency=, limit=, rate=, or a signature's own) is not supported yet"
             )
         sig_args, sig_kwargs = tuple(sig.args), dict(sig.kwargs)
         # What comes first is known only then: the result, or the failed task's id.
@@ -327,7 +342,8 @@ def _linked(app: Any, given: Any, *, errback: bool) -> list[workflow.Step]:
                 task=spec.name, id=chosen or uuid.uuid4().hex, args=sig_args,
                 kwargs=sig_kwargs, queue=sig.options.get("queue") or spec.queue or "",
                 immutable=bool(sig.immutable), version=spec.schema.version,
-                priority=_step_priority(sig.options, spec),
+                priority=_step_priority(sig.options, spec), limit=flow["limit"],
+                limit_key=flow["limit_key"],
                 max_resurrections=(
                     resurrections.stored(limit, config.current().resurrection_policy())
                     if errback else None
@@ -345,6 +361,23 @@ def _step_priority(options: Mapping[str, Any], spec: TaskSpec) -> int | None:
     if given is None:
         return spec.priority
     return options_mod.check_priority(given, f"chain step {spec.name!r} priority")
+
+
+def _step_flow(options: Mapping[str, Any], spec: TaskSpec, where: str) -> dict[str, str | None]:
+    """A step's own flow control (``.set(limit=, concurrency_key=)``) as ``Step``'s
+    ``limit`` and ``limit_key``, checked with the push, since a commit creates the step
+    later (both None when it gives none).
+
+    Raises:
+        TypeError, ValueError: as ``limits.check_call``; a key with no limit to key.
+    """
+    limit, key = options_mod.call_flow(options, where)
+    if key is not None and limit is None and not spec.limits:
+        raise ValueError(
+            f"{where}: concurrency_key={key!r} keys nothing: the task has no concurrency=, "
+            "limit= or rate=, and the signature gives no limit="
+        )
+    return {"limit": limit, "limit_key": key}
 
 
 def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:

@@ -20,6 +20,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from ..core.model import config, events, resurrections
+from ..core.model.limits import check_call
 from ..core.model.timing import NOW, timing
 from ..core.push import producer
 from ..core.store import snapshot
@@ -89,6 +90,11 @@ class ReliableTask(Task):
             DLQ (reason ``hard_timeout``).
         admission_limit: e.g. ``"100/s"``: over it, ``enqueue`` raises
             ``AdmissionRejected`` and nothing is stored or sent.
+        concurrency, concurrency_key, limit, rate: flow control, as ``@rl_task``'s
+            (docs/flow-control.md).
+        call_limit, call_concurrency_key: one enqueue's own named limit and key, set by
+            :meth:`using` (``using(limit=..., concurrency_key=...)``), as
+            ``push_with``'s; not options of the task.
     """
 
     idempotent: bool = False
@@ -104,20 +110,57 @@ class ReliableTask(Task):
     soft_timeout: float | None = None
     hard_timeout: float | None = None
     admission_limit: str | None = None
+    concurrency: int | None = None
+    concurrency_key: Any = None
+    limit: str | None = None
+    rate: str | None = None
+    call_limit: str | None = None
+    call_concurrency_key: str | int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_resurrections, Mapping):
             checked = resurrections.option(self.max_resurrections, "@task(max_resurrections=...)")
             object.__setattr__(self, "max_resurrections", checked)
         Task.__post_init__(self)  # the backend validates it (slots: no bare super())
+        check_call(self.call_limit, self.call_concurrency_key, f"{self.module_path}.using()")
         _declare(self)
+
+    def using(
+        self,
+        *,
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: Any = None,
+        backend: str | None = None,
+        limit: str | None = None,
+        concurrency_key: str | int | None = None,
+    ) -> ReliableTask:
+        """Django's ``Task.using``, and this enqueue's own flow control: ``limit``, a
+        ``RELIER["LIMITS"]`` name taken instead of the task's own limits, and
+        ``concurrency_key``, its key itself (docs/flow-control.md, "Per call").
+
+        Raises:
+            TypeError, ValueError: a limit or key that cannot name one.
+        """
+        task: ReliableTask = Task.using(  # slots: no bare super()
+            self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
+        )
+        changes: dict[str, Any] = {}
+        if limit is not None:
+            changes["call_limit"] = limit
+        if concurrency_key is not None:
+            changes["call_concurrency_key"] = concurrency_key
+        return dataclasses.replace(task, **changes) if changes else task
 
 
 # The relier options of a plain Task (one built directly, or by another backend's
 # task_class): every one at its default.
 _DJANGO_FIELDS = {f.name for f in dataclasses.fields(Task)}
+_CALL_FIELDS = {"call_limit", "call_concurrency_key"}  # one enqueue's, not the task's
 _RELIER_OPTIONS = tuple(
-    f.name for f in dataclasses.fields(ReliableTask) if f.name not in _DJANGO_FIELDS
+    f.name
+    for f in dataclasses.fields(ReliableTask)
+    if f.name not in _DJANGO_FIELDS and f.name not in _CALL_FIELDS
 )
 
 _declared: dict[str, tuple[Any, Any]] = {}  # module path -> (Django task, Celery task)
@@ -152,6 +195,10 @@ def _declare(task: Any) -> Any:
             soft_timeout=options["soft_timeout"],
             hard_timeout=options["hard_timeout"],
             admission_limit=options["admission_limit"],
+            concurrency=options["concurrency"],
+            concurrency_key=options["concurrency_key"],
+            limit=options["limit"],
+            rate=options["rate"],
         )(_body(task))
         _declared[name] = (task, celery_task)
         _connect()
@@ -264,6 +311,13 @@ def _on_event(event: object) -> None:
         _finished(event.task_id, event.task)
 
 
+def _flow(task: Any) -> tuple[str | None, str | None]:
+    """One enqueue's own flow control (``ReliableTask.using(limit=, concurrency_key=)``);
+    (None, None) for a plain ``Task`` or none given."""
+    key = getattr(task, "call_concurrency_key", None)
+    return getattr(task, "call_limit", None), None if key is None else str(key)
+
+
 def celery_priority(priority: int) -> int:
     """django.tasks' priority (-100..100, higher first) on relier's 0..9 (9 first): ten
     equal bands, in order, so a higher django.tasks priority is never taken after a
@@ -294,7 +348,7 @@ class RelierBackend(BaseTaskBackend):
         receipt = producer.push(
             celery_task.relier_spec, celery_task.app, tuple(args), dict(kwargs),
             queue=self._queue(task), when=self._when(task), using=self.using,
-            priority=celery_priority(task.priority),
+            priority=celery_priority(task.priority), flow=_flow(task),
         )  # fmt: skip
         return self._enqueued(task, args, kwargs, receipt)
 
@@ -305,7 +359,7 @@ class RelierBackend(BaseTaskBackend):
         receipt = await producer.apush(
             celery_task.relier_spec, celery_task.app, tuple(args), dict(kwargs),
             queue=self._queue(task), when=self._when(task), using=self.using,
-            priority=celery_priority(task.priority),
+            priority=celery_priority(task.priority), flow=_flow(task),
         )  # fmt: skip
         if receipt.deduplicated:
             return await self.aget_result(receipt.duplicate_of or receipt.task_id)

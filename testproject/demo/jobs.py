@@ -98,6 +98,31 @@ def charge(order_id: str, failures: int = 0) -> dict:
     return {"order": order_id, "runs": runs}
 
 
+def _span(key: str, label: str, sleep_s: float) -> str:
+    """Records its start and end on the Redis clock in ``demo:lim:dj`` as
+    testproject/demo/limit_tasks.py's tasks do (fence 0: a Django task sees none)."""
+    client = _redis()
+    for kind in ("start", "end"):
+        if kind == "end":
+            time.sleep(sleep_s)
+        seconds, micros = client.time()
+        ms = int(seconds) * 1000 + int(micros) // 1000
+        client.rpush("demo:lim:dj", f"{kind}:{key}:{label}:0:{ms}:{os.getpid()}")
+    return label
+
+
+@task(concurrency=1, concurrency_key="key")
+def one_per_key(key: str, label: str, sleep_s: float = 0.0) -> str:
+    """Flow control through @task(...): one at a time per key."""
+    return _span(key, label, sleep_s)
+
+
+@task()
+def unlimited(key: str, label: str, sleep_s: float = 0.0) -> str:
+    """No flow control of its own: ``using(limit=..., concurrency_key=...)`` gives one."""
+    return _span(key, label, sleep_s)
+
+
 _SIGNALS = {task_enqueued: "task_enqueued", task_started: "task_started",
             task_finished: "task_finished"}  # fmt: skip
 

@@ -71,3 +71,17 @@ def flaky(ctx: TaskContext, run: str, customer: str, label: str) -> str:
     if ctx.attempt == 1:
         raise RuntimeError("first attempt fails")
     return label
+
+
+@rl_task(name="demo.lim.free")
+def free(ctx: TaskContext, run: str, key: str, label: str, sleep_s: float = 0.0) -> str:
+    """No flow control of its own: a push's ``limit=`` and ``concurrency_key=`` give it
+    one (tests/integration/push/test_limits_per_call.py)."""
+    return _span(ctx, run, key, label, sleep_s, "")
+
+
+@rl_task(name="demo.lim.free_fails")
+def free_fails(ctx: TaskContext, run: str, key: str, label: str) -> str:
+    """Records its run, then fails: lands in the DLQ at once (no retries)."""
+    _span(ctx, run, key, label, 0.0, "")
+    raise RuntimeError(f"{label} fails")

@@ -225,3 +225,101 @@ def test_a_key_that_is_not_a_short_string_is_refused_at_push(redis_client):
     with pytest.raises(ValueError, match="concurrency key"):
         limit_tasks.per_key.push(RUN, {"a": 1}, "l0")  # type: ignore[arg-type]
     assert sync_client(config.current()).zcard("rl:sched") == 0
+
+
+def test_an_idle_scope_leaves_the_in_use_indexes_once_its_last_holder_frees(
+    worker_factory, redis_client
+):
+    """``lim_scopes`` lists a scope while it holds a slot or parks a task, ``lim_rates``
+    a rate scope while its reservation lasts (readers list them from there, never by a
+    SCAN): once the tasks are done, neither names any, and neither key is left (G7)."""
+    from relier_django.core.store.keys import KeySpace
+    from testproject.harness import wait_until
+
+    keys = KeySpace("rl")
+    for i in range(3):
+        for customer in ("a", "b"):
+            limit_tasks.sequence.push(RUN, customer, f"{customer}{i}", 0.05)
+    # Pushed before any worker runs: each key's first task holds its slot, the rest park.
+    assert redis_client.smembers(keys.limit_scopes) == {
+        b"t:demo.lim.sequence|a",
+        b"t:demo.lim.sequence|b",
+    }
+    for i in range(3):
+        limit_tasks.rated.push(RUN, f"r{i}")
+    worker_factory(concurrency=2)
+    # The leader reserves the rate's time at dispatch: the rate scope is listed, with a TTL.
+    wait_until(
+        lambda: redis_client.zscore(keys.limit_rates, "t:demo.lim.rated") is not None,
+        30,
+        what="the rate scope in lim_rates",
+    )
+    assert redis_client.pttl(keys.limit_rates) > 0
+    _wait_for(redis_client, 9)
+    wait_until(lambda: not redis_client.exists(keys.limit_scopes), 10, what="lim_scopes emptied")
+    wait_until(lambda: not redis_client.exists(keys.limit_rates), 10, what="lim_rates expired")
+    _no_limit_keys_left(redis_client)
+
+
+def test_a_released_dlq_entry_waits_for_its_slot(worker_factory, redis_client):
+    """Releasing a DLQ entry of a limited task goes through its gate, as a push does:
+    while another task of its key holds the one slot, the released task waits parked,
+    and runs once that slot frees, never beside it. Its push's own limit
+    (``push_with(limit=...)``) came back from the DLQ with its envelope."""
+    from relier_django.core.dlq import release
+    from relier_django.core.store.keys import KeySpace
+    from testproject.celery import app
+    from testproject.harness import wait_until
+
+    keys = KeySpace("rl")
+    worker_factory(concurrency=4)
+    limited = limit_tasks.free_fails.push_with(limit="single", concurrency_key="r")
+    failed = limited.push(RUN, "r", "bad")
+    wait_until(lambda: redis_client.exists(keys.dlq_entry(failed.task_id)), 30, what="in the DLQ")
+    blocker = limit_tasks.free.push_with(limit="single", concurrency_key="r").push(
+        RUN, "r", "blocker", 1.0
+    )
+    _wait_for_start(redis_client, "blocker")
+    release.release(app, config.current(), failed.task_id)
+    wait_until(
+        lambda: redis_client.hget(keys.task(failed.task_id), "state") == b"parked",
+        10,
+        what="the released task parked behind the blocker",
+    )
+    assert blocker.get(timeout=30) == "blocker"
+    _wait_for(redis_client, 3)  # bad, blocker, bad again (it fails again: the DLQ again)
+    records = _records(redis_client)
+    assert _most_at_once(records) == {"r": 1}, records
+    starts = [label for kind, _, label, _, _ in records if kind == "start"]
+    assert starts == ["bad", "blocker", "bad"]
+    _no_limit_keys_left(redis_client)
+
+
+def test_a_release_whose_limit_the_settings_no_longer_define_stays_in_the_dlq(
+    redis_client, settings
+):
+    from relier_django import conf
+    from relier_django.core.dlq import dead_letter, release
+    from relier_django.core.model.errors import EntryNotReleasable
+    from relier_django.core.model.failure import Failure, Reason
+    from relier_django.core.push import idempotency, producer
+    from relier_django.core.store.keys import KeySpace
+    from relier_django.core.worker import fencing
+    from testproject.celery import app
+
+    keys, client = KeySpace("rl"), sync_client(config.current())
+    spec = limit_tasks.free.relier_spec
+    env = producer.prepare(spec, (RUN, "k", "x"), {}, flow=("single", "k"))
+    assert idempotency.store(keys, env, env.encode(), 60_000, 3).run(client).stored
+    assert fencing.start(keys, env, "w1@host:1", 30_000).run(client).started
+    failure = Failure(Reason.EXCEPTION, "ValueError", "boom", worker="w1@host:1")
+    assert dead_letter.dead_letter(keys, failure, 60_000, env=env).run(client).accepted
+    settings.RELIER = {**settings.RELIER, "LIMITS": {}}
+    conf.get_config.cache_clear()
+    try:
+        with pytest.raises(EntryNotReleasable, match="limit='single' is not in RELIER"):
+            release.release(app, config.current(), env.id)
+    finally:
+        conf.get_config.cache_clear()
+    assert redis_client.zscore(keys.dlq, env.id) is not None  # still in the DLQ
+    assert not redis_client.exists(keys.task(env.id))

@@ -558,6 +558,28 @@ def dead_letter_hands_over(cfg: config.Config, client: redis.Redis) -> Any:
     return dlq.dead_letter(_keys(cfg), failure, 60_000, env=env).run(client)
 
 
+@functools.cache
+def _limited() -> Any:
+    # A push with its own limit (push_with(limit=, concurrency_key=)): its envelope
+    # keeps it, in the DLQ too.
+    return producer.prepare(tasks.record.relier_spec, ("x",), {}, TASK_ID, flow=("single", "k"))
+
+
+def release_gated(cfg: config.Config, client: redis.Redis) -> Any:
+    """A released entry of a limited task is stored due now with its gate, for the
+    leader to dispatch through it (nothing published): a replay of release.lua answers
+    'gated' again, so nothing is published then either, and the entry goes once."""
+    keys, env = _keys(cfg), _limited()
+    assert idempotency.store(keys, env, env.encode(), 60_000, 3, token="p").run(client).stored
+    assert fencing.start(keys, env, "w1@host:1", 30_000).run(client).started
+    failure = Failure(Reason.EXCEPTION, "ValueError", "boom", worker="w1@host:1")
+    assert dlq.dead_letter(keys, failure, 60_000, env=env).run(client).accepted
+    receipt = release.release(app, cfg, env.id)
+    stored = client.hmget(keys.task(env.id), "state", "lim", "fence")
+    assert stored == ["scheduled", "n:single|k", "2"], stored
+    return receipt.task_id, DeadLetterStore(client, keys).get(env.id), stored
+
+
 def cancel_parked(cfg: config.Config, client: redis.Redis) -> Any:
     _holder(cfg, client)
     push_slot(cfg, client)
@@ -722,6 +744,7 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "commit+hands_over": ("commit", Case(commit_hands_over)),
     "commit+gated_successor": ("commit", Case(commit_gated_successor)),
     "dead_letter+hands_over": ("dead_letter", Case(dead_letter_hands_over)),
+    "release+gated": ("release", Case(release_gated)),
     "commit+link": ("commit", Case(commit_link)),
     "dead_letter+link_error": ("dead_letter", Case(dead_letter_link_error)),
     "cancel+parked": ("cancel", Case(cancel_parked)),
@@ -737,7 +760,7 @@ VARIANTS: dict[str, tuple[str, Case]] = {
 # Flow control runs on an unpartitioned store only (model/limits.py refuses it at push).
 _UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_take+parks",
                   "schedule_take+waits_rate", "commit+hands_over", "commit+gated_successor",
-                  "dead_letter+hands_over", "cancel+parked", "push+debounce",
+                  "dead_letter+hands_over", "release+gated", "cancel+parked", "push+debounce",
                   "push+superseded", "schedule_take+debounce",
                   # Links too: a partitioned store refuses them at push, as chains.
                   "commit+link", "dead_letter+link_error"}  # fmt: skip

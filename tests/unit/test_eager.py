@@ -144,3 +144,32 @@ def test_a_debounced_push_runs_at_once_in_eager_mode_like_a_countdown():
     for x in (1, 2):  # nothing is debounced: each runs, as a countdown push would
         receipt = producer.push(spec, app, (x,), {}, when=when, debounce=debounce)
         assert receipt.get() == x
+
+
+def test_eager_runs_a_limited_task_at_once_and_still_checks_its_limit():
+    """Eager mode runs each push inline, in the caller: nothing could wait for a slot
+    there, so a limit does not hold (a task over it runs at once), but its options are
+    checked as at a real push (docs/flow-control.md, docs/testing.md)."""
+    from relier_django.core.model import limits
+    from relier_django.core.model.errors import ConfigError
+
+    ran: list[str] = []
+
+    def body(label: str) -> str:
+        ran.append(label)
+        if label == "outer":  # with one slot, a real push of "inner" would park here
+            assert producer.push(spec, app, ("inner",), {}).get() == "inner"
+        return label
+
+    spec = TaskSpec(name="unit.one", fn=body, limits=limits.check_options(1, None, None, None))
+    app = app_for(spec, task_always_eager=True)
+    assert producer.push(spec, app, ("outer",), {}).get() == "outer"
+    assert ran == ["outer", "inner"]
+    named = TaskSpec(
+        name="unit.named", fn=body, limits=limits.check_options(None, None, "nope", None)
+    )
+    with pytest.raises(ConfigError, match="limit='nope' is not in RELIER"):
+        producer.push(named, app_for(named, task_always_eager=True), ("x",), {})
+    with pytest.raises(ConfigError, match="limit='nope' is not in RELIER"):
+        producer.push(spec, app, ("x",), {}, flow=("nope", None))
+    assert ran == ["outer", "inner"]

@@ -343,3 +343,12 @@ def test_a_priority_is_carried_by_every_incarnation_and_absent_when_none():
     body["priority"] = "high"
     with pytest.raises(EnvelopeError, match="priority"):
         decode(with_checksum(body))
+
+
+def test_a_push_s_own_limit_rides_in_the_envelope_and_is_absent_when_none():
+    plain = Envelope(id="a", task="t")
+    assert '"limit' not in plain.encode()
+    limited = Envelope(id="a", task="t", limit="sms", limit_key="42")
+    back = decode(limited.encode())
+    assert (back.limit, back.limit_key) == ("sms", "42")
+    assert back.next_incarnation().limit == "sms"  # a retry or resurrection keeps it

@@ -104,6 +104,38 @@ def test_an_undefined_named_limit_is_a_config_error_naming_the_fix():
         limits.gate_of("t", flow, {}, SIG, ("a",), {})
 
 
+def test_a_call_s_limit_replaces_the_task_s_and_its_key_replaces_the_derived_one():
+    named = limits.named_limits(['sms={"concurrency": 1, "per_key": true}',
+                                 'stripe={"concurrency": 5}'])  # fmt: skip
+    own = limits.check_options(2, "customer", None, "10/s")
+    # The call's limit: the task's concurrency and rate are gone, its key derivation kept.
+    assert limits.gate_of("t", own, named, SIG, ("acme",), {}, "sms") == limits.Gate(
+        "n:sms|acme", "", 1, "", 0, 0
+    )
+    # The call's key: the argument is not read.
+    assert limits.gate_of("t", own, named, SIG, ("acme",), {}, None, "k9").scope == "t:t|k9"
+    # A task with none: the call's limit alone gates it, shared by its keys.
+    bare = limits.TaskLimits()
+    gate = limits.gate_of("t", bare, named, SIG, ("acme",), {}, "stripe", "k9")
+    assert gate == limits.Gate("n:stripe", "k9", 5, "", 0, 0)
+    with pytest.raises(ValueError, match="keys nothing"):
+        limits.gate_of("t", bare, named, SIG, ("acme",), {}, None, "k9")
+    with pytest.raises(ConfigError, match="limit='nope' is not in"):
+        limits.gate_of("t", bare, named, SIG, ("acme",), {}, "nope")
+
+
+def test_a_call_s_limit_and_key_are_checked_at_the_call():
+    assert limits.check_call(None, None, "w") == (None, None)
+    assert limits.check_call("sms", 42, "w") == ("sms", "42")
+    for bad_limit, error in ((5, TypeError), ("a|b", ValueError), ("", ValueError)):
+        with pytest.raises(error, match="limit="):
+            limits.check_call(bad_limit, None, "w")
+    for bad_key, error in ((1.5, TypeError), (True, TypeError), ("x" * 129, ValueError),
+                           ("a|b", ValueError), ("", ValueError)):  # fmt: skip
+        with pytest.raises(error, match="concurrency"):
+            limits.check_call("sms", bad_key, "w")
+
+
 def test_a_task_without_flow_control_has_no_gate():
     assert limits.gate_of("t", limits.TaskLimits(), {}, SIG, ("a",), {}) is None
 

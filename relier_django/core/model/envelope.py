@@ -123,6 +123,12 @@ class Envelope:
     # The push's priority, 0..9 (9 runs first), kept by every incarnation; None: none
     # given (the broker's lowest). Ignorable, as trace: an older reader keeps it in extra.
     priority: int | None = None
+    # The push's own flow control (``push_with(limit=, concurrency_key=)``): a named
+    # limit in place of its task's, and its key; kept by every incarnation and by the
+    # DLQ, so a relay, a release or a successor goes through the same gate. None: the
+    # task's own. Ignorable, as priority.
+    limit: str | None = None
+    limit_key: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -146,8 +152,9 @@ class Envelope:
         else:  # absent, not {}: untraced envelopes stay as they were (module docstring)
             del body["trace"]
         # Absent when empty, as trace: an envelope outside a workflow is unchanged.
-        if self.priority is None:
-            del body["priority"]
+        for name in ("priority", "limit", "limit_key"):
+            if body[name] is None:
+                del body[name]
         for name in ("workflow", "chain", "chord", "header", "push", "link", "link_error"):
             if not body[name]:
                 del body[name]
@@ -184,7 +191,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "idem_key": (str, type(None)), "fence": int, "attempt": int, "resurrections": int,
     "created_ms": int, "schema_version": int, "trace": dict, "workflow": str, "chain": list,
     "chord": dict, "header": str, "push": str, "link": list, "link_error": list,
-    "priority": (int, type(None)),
+    "priority": (int, type(None)), "limit": (str, type(None)), "limit_key": (str, type(None)),
 }  # fmt: skip
 
 

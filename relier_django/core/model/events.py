@@ -1,8 +1,9 @@
 """Events: what the core tells observers (alerting, Sentry, the Django signals) after
 the store confirmed an act.
 
-Four acts are told: a task filed in the DLQ, a task resurrected, a DLQ entry released,
-a task cancelled. Each is emitted by the module that owns the act, once the script's
+Six acts are told: a task filed in the DLQ, a task resurrected, a DLQ entry released,
+a task cancelled, a task parked over its flow-control limit, and a parked task
+dispatched once handed a slot. Each is emitted by the module that owns the act, once the script's
 reply said it was done, and once per act: a script call that is replayed after a lost
 reply still returns one reply to its caller (docs/architecture.md, G10), so one event.
 
@@ -77,8 +78,9 @@ class TaskResurrected:
 
 @dataclass(frozen=True, slots=True)
 class TaskReleased:
-    """A DLQ entry was released: its task re-created, published, and the entry dropped
-    (``release_done.lua``).
+    """A DLQ entry was released: its task re-created, published (a task with flow
+    control: stored due now for the leader's dispatch through its gate), and the entry
+    dropped (``release_done.lua``).
 
     Attributes:
         task_id: the task's id.
@@ -116,7 +118,47 @@ class TaskCancelled:
     queue: str = ""
 
 
-Event = TaskDeadLettered | TaskResurrected | TaskReleased | TaskCancelled
+@dataclass(frozen=True, slots=True)
+class TaskParked:
+    """A task found no free slot of its limit and waits in its key's line (G14):
+    ``push.lua`` parked it at push (told to the pushing process), or the scanner
+    leader's ``schedule_take.lua`` did at its dispatch (a countdown, a retry, a release).
+
+    Attributes:
+        task_id: the task's id.
+        task: the task's name.
+        scope: the scope whose slots it waits for (``t:<task>`` or ``n:<limit>``, with
+            ``|<key>`` when each key has its own slots).
+        key: the line it waits in within a shared scope ('' when the scope is per key).
+    """
+
+    task_id: str
+    task: str
+    scope: str
+    key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskUnparked:
+    """A parked task, handed a freed slot by the script that freed it, was dispatched
+    by the scanner leader (``schedule_take.lua`` leased it).
+
+    Attributes:
+        task_id: the task's id.
+        task: the task's name.
+        queue: the queue it is published to ('' for the task's default).
+        waited_s: from its parking to this dispatch, seconds (Redis clock).
+    """
+
+    task_id: str
+    task: str
+    queue: str
+    waited_s: float
+
+
+Event = (
+    TaskDeadLettered | TaskResurrected | TaskReleased | TaskCancelled | TaskParked | TaskUnparked
+)
 Handler = Callable[[Event], object]
 
 _lock = threading.Lock()

@@ -175,6 +175,31 @@ def named_limits(entries: Sequence[str]) -> dict[str, NamedLimit]:
     return found
 
 
+def check_call(limit: Any, key: Any, where: str) -> tuple[str | None, str | None]:
+    """One call's own flow control (``push_with(limit=, concurrency_key=)``,
+    ``apply_async``, a signature's ``.set()``, a periodic entry's ``options``): the
+    named limit it goes through instead of its task's, and its key, the value itself.
+    Whether the name is in ``RELIER["LIMITS"]`` is checked at push (:func:`gate_of`).
+
+    Raises:
+        ValueError: a limit that cannot name a limit, a key that is not 1 to 128
+            printable characters (an int is its decimal text).
+        TypeError: a limit that is not a str, a key that is not a str or an int.
+    """
+    if limit is not None and not isinstance(limit, str):
+        raise TypeError(f"{where}: limit= takes a RELIER['LIMITS'] name, got {limit!r}")
+    if limit is not None and not _nameable(limit):
+        raise ValueError(f"{where}: limit={limit!r} cannot name a RELIER['LIMITS'] entry")
+    if key is None:
+        return limit, None
+    if isinstance(key, bool) or not isinstance(key, str | int):
+        raise TypeError(
+            f"{where}: concurrency_key= at a call takes the key itself (a str or an int), "
+            f"got {key!r}"
+        )
+    return limit, _checked_key(str(key), where)
+
+
 def gate_of(
     task: str,
     limits: TaskLimits,
@@ -182,17 +207,35 @@ def gate_of(
     signature: inspect.Signature,
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
+    call_limit: str | None = None,
+    call_key: str | None = None,
 ) -> Gate | None:
     """The gate one push of ``task`` with these arguments goes through; None when the
     task has no flow control.
 
+    ``call_limit``: the push's own named limit (:func:`check_call`), which replaces
+    the task's flow control (its ``concurrency=``, ``limit=`` and ``rate=``);
+    ``call_key``: the push's own key, which replaces the one the task's
+    ``concurrency_key`` would derive.
+
     Raises:
         ConfigError: a ``limit=`` the settings do not define.
-        ValueError: a key that is not a short printable string (or an int).
+        ValueError: a key that is not a short printable string (or an int); a call's
+            key for a task and call with no limit to key.
     """
+    if call_limit is not None:
+        limits = TaskLimits(concurrency_key=limits.concurrency_key, limit=call_limit)
+    if call_key is not None and not limits:
+        raise ValueError(
+            f"{task}: concurrency_key={call_key!r} keys nothing: the task has no "
+            "concurrency=, limit= or rate=, and the call gives no limit="
+        )
     if not limits:
         return None
-    key = _key_of(limits.concurrency_key, signature, args, kwargs, task)
+    if call_key is not None:
+        key: str | None = call_key
+    else:
+        key = _key_of(limits.concurrency_key, signature, args, kwargs, task)
     if limits.limit is not None:
         found = named.get(limits.limit)
         if found is None:
@@ -247,10 +290,13 @@ def _key_of(
             f"{task}: its concurrency key must be a str or an int, got {value!r} "
             f"({type(value).__name__})"
         )
-    text = str(value)
+    return _checked_key(str(value), task)
+
+
+def _checked_key(text: str, where: str) -> str:
     if not text or len(text) > _MAX_KEY or not text.isprintable() or _SEP in text:
         raise ValueError(
-            f"{task}: its concurrency key {text[:40]!r} must be 1 to {_MAX_KEY} printable "
+            f"{where}: its concurrency key {text[:40]!r} must be 1 to {_MAX_KEY} printable "
             f"characters without {_SEP!r}"
         )
     return text

@@ -11,7 +11,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from . import links
+from . import limits, links
 
 #: Celery's option -> relier's, where the meaning is the same.
 ALIASES: Mapping[str, str] = {
@@ -140,6 +140,8 @@ def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
         elif name == "priority":
             if value is not None:
                 out[name] = check_priority(value, "apply_async(priority=...)")
+        elif name in ("limit", "concurrency_key"):
+            pass  # read together, below
         elif name == "headers":
             extra = set(value or {}) - _BEAT_HEADERS
             if extra:
@@ -156,10 +158,23 @@ def call_options(options: Mapping[str, Any]) -> dict[str, Any]:
         else:
             raise TypeError(
                 f"apply_async({name}=...) is not supported by @rl_task tasks; supported: "
-                "task_id, queue, countdown, eta, expires, priority, link, link_error "
-                f"(see {links.doc('from-celery.md')})"
+                "task_id, queue, countdown, eta, expires, priority, limit, concurrency_key, "
+                f"link, link_error (see {links.doc('from-celery.md')})"
             )
+    flow = call_flow(options, "apply_async")
+    if flow != (None, None):
+        out["flow"] = flow
     return out
+
+
+def call_flow(options: Mapping[str, Any], where: str) -> tuple[str | None, str | None]:
+    """A call's own flow control from its options (``limit=``, ``concurrency_key=``:
+    the key itself), checked (``limits.check_call``); (None, None) when it gives none.
+
+    Raises:
+        TypeError, ValueError: as ``limits.check_call``.
+    """
+    return limits.check_call(options.get("limit"), options.get("concurrency_key"), where)
 
 
 #: Celery's priority range, with RabbitMQ's meaning on every broker: higher runs first.

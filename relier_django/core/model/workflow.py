@@ -40,6 +40,10 @@ class Step:
     # where no task registry is at hand (the scanner, the dispatcher). None elsewhere.
     max_resurrections: int | str | None = None  # model/resurrections.py's stored form
     priority: int | None = None  # 0..9 (9 taken first); absent from the wire when None
+    # Its signature's own flow control (``.set(limit=, concurrency_key=)``), as
+    # Envelope.limit and Envelope.limit_key; absent from the wire when None.
+    limit: str | None = None
+    limit_key: str | None = None
 
     def wire(self) -> dict[str, Any]:
         out = {
@@ -51,7 +55,15 @@ class Step:
             out["maxres"] = self.max_resurrections
         if self.priority is not None:
             out["priority"] = self.priority
+        if self.limit is not None:
+            out["limit"] = self.limit
+        if self.limit_key is not None:
+            out["limit_key"] = self.limit_key
         return out
+
+    def flow(self) -> dict[str, Any]:
+        """Its flow control as the envelope it becomes carries it."""
+        return {"priority": self.priority, "limit": self.limit, "limit_key": self.limit_key}
 
     @classmethod
     def from_wire(cls, raw: Mapping[str, Any]) -> Step:
@@ -64,6 +76,7 @@ class Step:
                 immutable=bool(raw.get("immutable", False)), version=int(raw.get("version", 1)),
                 max_resurrections=_maxres(raw.get("maxres")),
                 priority=_priority(raw.get("priority")),
+                limit=_text(raw.get("limit")), limit_key=_text(raw.get("limit_key")),
             )  # fmt: skip
         except (KeyError, TypeError) as exc:
             raise ValueError(f"a chain step is malformed: {raw!r}") from exc
@@ -84,6 +97,12 @@ def _priority(value: Any) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"a step's priority is not an int: {value!r}")
+    return value
+
+
+def _text(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"a step's limit is not a str: {value!r}")
     return value
 
 
@@ -130,8 +149,8 @@ def following(env: Envelope, result: Any, created_ms: int) -> Next | None:
     callback = Envelope(
         id=step.id, task=step.task, args=step.args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
-        workflow=group_id, header="" if step.immutable else group_id, priority=step.priority,
-        push=push_token_after(env, step.id),
+        workflow=group_id, header="" if step.immutable else group_id,
+        push=push_token_after(env, step.id), **step.flow(),
     )  # fmt: skip
     return Next(callback, group_id, index)
 
@@ -151,8 +170,7 @@ def successor(env: Envelope, result: Any, created_ms: int) -> Envelope | None:
         id=step.id, task=step.task, args=args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
         workflow=env.workflow or env.id,
-        chain=env.chain[1:], priority=step.priority,
-        push=push_token_after(env, step.id),
+        chain=env.chain[1:], push=push_token_after(env, step.id), **step.flow(),
     )  # fmt: skip
 
 
@@ -161,7 +179,7 @@ def _first_taking(env: Envelope, step: Step, first: Any, created_ms: int) -> Env
     return Envelope(
         id=step.id, task=step.task, args=args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
-        push=push_token_after(env, step.id), priority=step.priority,
+        push=push_token_after(env, step.id), **step.flow(),
     )  # fmt: skip
 
 

@@ -26,6 +26,7 @@ class StoreResult:
     id_in_dlq: bool = False  # a DLQ entry has this id
     refused_for_s: float = 0.0  # > 0: admission control refused it; retry after this
     scheduled: bool = False  # stored to wait in the schedule index: publish nothing now
+    parked: bool = False  # (scheduled too) parked over its limit by this call: tell it
 
 
 def _parse_store(reply: list[Any]) -> StoreResult:
@@ -35,7 +36,8 @@ def _parse_store(reply: list[Any]) -> StoreResult:
     task_id = str(reply[1])
     return StoreResult(
         code == 1, task_id, id_taken=code == -1, id_in_dlq=code == -2, id_finished=code == -4,
-        scheduled=code == 1 and len(reply) > 2 and int(reply[2]) == 1,
+        scheduled=code == 1 and len(reply) > 2 and int(reply[2]) in (1, 2),
+        parked=code == 1 and len(reply) > 2 and int(reply[2]) == 2,
     )  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from ..model.spec import TaskSpec
 from ..model.timing import Timing
 from ..store.connection import sync_client
 from ..store.keys import KeySpace
-from .producer import _Push, _record_of
+from .producer import _Push, _record_of, gate_for
 
 logger = logging.getLogger("relier_django.outbox")
 
@@ -63,9 +63,9 @@ def send(app: Any, row: Row) -> Sent:
     # A fresh push token: this is another call than the commit's own, so that an
     # undo of this call (a failed publish) never undoes what that one stored.
     when = Timing(eta_ms=row.due_ms, expires_at_ms=row.expires_ms)
-    p = _Push(
-        cfg, spec, env, row.envelope, KeySpace.of(cfg), when=when, record=_record_of(env, None)
-    )
+    keys = KeySpace.of(cfg)
+    p = _Push(cfg, spec, env, row.envelope, keys, when=when, record=_record_of(env, None),
+              gate=gate_for(cfg, spec, env, keys))  # fmt: skip
     try:
         receipt = p.send_now(app, sync_client(cfg, fail_fast=True))
     except DuplicateTaskId:

@@ -30,7 +30,7 @@ from kombu.exceptions import OperationalError
 
 from .. import crashpoint
 from ..broker import publish
-from ..model import arguments, config, ids, limits, resurrections, tracing, workflow
+from ..model import arguments, config, events, ids, limits, resurrections, tracing, workflow
 from ..model.envelope import Envelope, decode
 from ..model.errors import AdmissionRejected, ConfigError, DuplicateTaskId, PushFailed
 from ..model.idem_key import derive_key
@@ -92,6 +92,7 @@ def prepare(
     link: Sequence[workflow.Step] = (),
     link_error: Sequence[workflow.Step] = (),
     priority: int | None = None,
+    flow: tuple[str | None, str | None] = (None, None),
 ) -> Envelope:
     """Validate the call and build its first envelope (fence 1). Raises ``TypeError``
     for arguments that do not fit the signature or are not JSON-serialisable, and
@@ -104,6 +105,7 @@ def prepare(
     ``link``, ``link_error``: the callbacks its commit creates, the errbacks its filing
     in the DLQ creates (Celery's ``link=``, ``link_error=``).
     ``priority``: this push's priority (0..9, checked by the caller), else the task's.
+    ``flow``: this push's own named limit and key (``limits.check_call``), else the task's.
 
     A workflow's member (a chain's first step, a group's or a chord header's member)
     claims no idempotency key, whatever its task says: it is identified by the id
@@ -130,6 +132,8 @@ def prepare(
         kwargs=dict(kwargs),
         queue=queue or spec.queue or "",
         priority=priority if priority is not None else spec.priority,
+        limit=flow[0],
+        limit_key=flow[1],
         idem_key=idem,
         created_ms=int(time.time() * 1000),
         schema_version=spec.schema.version,
@@ -213,22 +217,16 @@ class _Push:
         link_error: Sequence[workflow.Step] = (),
         debounce: Debounce | None = None,
         priority: int | None = None,
+        flow: tuple[str | None, str | None] = (None, None),
     ) -> _Push:
         cfg = config.current()
         env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id, chord,
-                      link, link_error, priority)  # fmt: skip
+                      link, link_error, priority, flow)  # fmt: skip
         encoded = env.encode(cfg.signer)
         arguments.check_size(spec, args, kwargs, encoded, cfg.arguments_max_bytes)
         record = _record_of(env, position)
         keys = KeySpace.of(cfg)
-        gate = limits.gate_of(spec.name, spec.limits, cfg.named_limits(), spec.user_signature(),
-                              args, kwargs)  # fmt: skip
-        if gate is not None and keys.tagged:
-            raise ConfigError(
-                f"{spec.name}: flow control (concurrency=, limit=, rate=) needs an "
-                "unpartitioned store (PARTITIONS = 1, no CLUSTER): a freed slot is handed "
-                "to the next task in the same step, which one server does (docs/flow-control.md)"
-            )
+        gate = gate_for(cfg, spec, env, keys)
         record_key = _debounced(spec, keys, args, kwargs, debounce)
         return cls(cfg, spec, env, encoded, keys, when=when, record=record, gate=gate,
                    debounce=record_key)  # fmt: skip
@@ -290,6 +288,12 @@ class _Push:
         logger.debug("idempotent duplicate task=%s task_id=%s", self.env.task, stored.task_id)
         return Receipt(stored.task_id, deduplicated=True, config=self.cfg)
 
+    def told_parked(self, stored: idempotency.StoreResult) -> None:
+        """Emit ``TaskParked`` when push.lua parked this push over its limit (G14)."""
+        if stored.parked and self.gate is not None:
+            events.emit(events.TaskParked(self.env.id, self.env.task, self.gate.scope,
+                                          self.gate.parked_key))  # fmt: skip
+
     def receipt(self) -> Receipt:
         return Receipt(
             self.env.id, deduplicated=False, config=self.cfg, created_ms=self.env.created_ms
@@ -320,6 +324,7 @@ class _Push:
         stored = self.store(message).run(client)
         if (dup := self.duplicate(stored)) is not None:
             return dup
+        self.told_parked(stored)
         if message is None and not stored.scheduled:
             try:
                 publish.send(app, self.env, self.encoded)
@@ -343,6 +348,7 @@ class _Push:
         stored = await self.store(message).arun(client)
         if (dup := self.duplicate(stored)) is not None:
             return dup
+        self.told_parked(stored)
         if message is None and not stored.scheduled:
             try:
                 await publish.asend(app, self.env, self.encoded)
@@ -376,6 +382,28 @@ class _Push:
             "push deferred to commit task=%s task_id=%s using=%s", self.env.task, self.env.id, using
         )
         return receipt
+
+
+def gate_for(
+    cfg: config.Config, spec: TaskSpec, env: Envelope, keys: KeySpace
+) -> limits.Gate | None:
+    """The gate a push of ``env`` goes through (its task's flow control, or the push's
+    own ``limit=`` and key); None when none applies. A relayed outbox row and a
+    replayed envelope go through it as the push they repeat.
+
+    Raises:
+        ConfigError: a limit the settings lack, or flow control on a partitioned store.
+        ValueError: a key that is not one (``limits.gate_of``).
+    """
+    gate = limits.gate_of(spec.name, spec.limits, cfg.named_limits(), spec.user_signature(),
+                          env.args, env.kwargs, env.limit, env.limit_key)  # fmt: skip
+    if gate is not None and keys.tagged:
+        raise ConfigError(
+            f"{spec.name}: flow control (concurrency=, limit=, rate=) needs an "
+            "unpartitioned store (PARTITIONS = 1, no CLUSTER): a freed slot is handed "
+            "to the next task in the same step, which one server does (docs/flow-control.md)"
+        )
+    return gate
 
 
 def _debounced(
@@ -450,6 +478,7 @@ def push(
     link_error: Sequence[workflow.Step] = (),
     debounce: Debounce | None = None,
     priority: int | None = None,
+    flow: tuple[str | None, str | None] = (None, None),
 ) -> Receipt:
     """Sync push. See ``RelierTask.push`` and ``RelierTask.push_with`` for the guarantees.
     ``chain``: the steps that follow, each created by the commit of the one before.
@@ -458,7 +487,8 @@ def push(
     ``position``: its place in the group (for the workflow's record); ``link``,
     ``link_error``: its callbacks and errbacks (see :func:`prepare`); ``debounce``: a
     debounced push (``when`` is then its window as a countdown); ``priority``: 0..9, 9
-    taken first (checked by the caller; default the task's)."""
+    taken first (checked by the caller; default the task's); ``flow``: the push's own
+    named limit and key (``limits.check_call``; default the task's)."""
     if event_loop.in_running_loop():
         raise RuntimeError(
             f"{spec.name}.push() was called inside a running event loop, where it would "
@@ -468,7 +498,7 @@ def push(
         # Validation comes first, inside the caller's transaction: bad input raises now.
         p = _Push.begin(
             spec, args, kwargs, task_id, queue, when, idempotency_key, chain, group_id, chord,
-            position, link, link_error, debounce, priority,
+            position, link, link_error, debounce, priority, flow,
         )  # fmt: skip
         tracing.annotate(p.env)
         # Eager mode or a test's capture_pushes(): run here or record, never Redis (eager.py).
@@ -500,6 +530,7 @@ async def apush(
     using: str | None = None,
     debounce: Debounce | None = None,
     priority: int | None = None,
+    flow: tuple[str | None, str | None] = (None, None),
 ) -> Receipt:
     """Async push: the same steps as :func:`push`, without blocking the event loop.
 
@@ -513,7 +544,7 @@ async def apush(
     """
     with tracing.push_span(spec.name):
         p = _Push.begin(spec, args, kwargs, task_id, queue, when, idempotency_key,
-                        debounce=debounce, priority=priority)  # fmt: skip
+                        debounce=debounce, priority=priority, flow=flow)  # fmt: skip
         tracing.annotate(p.env)
         hook = _transaction_hook if on_commit else None
         if (diverted := await eager.adivert(spec, app, p.env, p.cfg, hook, using)) is not None:
@@ -574,6 +605,8 @@ class PushWith:
         debounce: a debounced push (``model.timing.debounce``); ``when`` then holds its
             window as the countdown.
         priority: 0..9, 9 taken first; None: the task's own.
+        flow: the push's own named limit and key (``limits.check_call``); (None, None):
+            the task's own flow control.
     """
 
     spec: TaskSpec = field(repr=False)
@@ -583,6 +616,7 @@ class PushWith:
     when: Timing = NOW
     debounce: Debounce | None = None
     priority: int | None = None
+    flow: tuple[str | None, str | None] = (None, None)
 
     def __post_init__(self) -> None:
         if not isinstance(self.on_commit, bool):
@@ -599,14 +633,14 @@ class PushWith:
         """Like ``task.push(*args, **kwargs)``, with these options."""
         return push(
             self.spec, self.app, args, kwargs, when=self.when, on_commit=self.on_commit,
-            using=self.using, debounce=self.debounce, priority=self.priority,
+            using=self.using, debounce=self.debounce, priority=self.priority, flow=self.flow,
         )  # fmt: skip
 
     async def apush(self, *args: Any, **kwargs: Any) -> Receipt:
         """Like ``await task.apush(*args, **kwargs)``, with these options."""
         return await apush(
             self.spec, self.app, args, kwargs, when=self.when, on_commit=self.on_commit,
-            using=self.using, debounce=self.debounce, priority=self.priority,
+            using=self.using, debounce=self.debounce, priority=self.priority, flow=self.flow,
         )  # fmt: skip
 
 
@@ -637,6 +671,7 @@ def replay(app: Any, envelope: str) -> Receipt:
     spec = getattr(app.tasks.get(env.task), "relier_spec", None)
     if not isinstance(spec, TaskSpec):
         raise ValueError(f"{env.task} is not an @rl_task registered on this Celery app")
-    p = _Push(cfg, spec, env, text, KeySpace.of(cfg))
+    keys = KeySpace.of(cfg)
+    p = _Push(cfg, spec, env, text, keys, gate=gate_for(cfg, spec, env, keys))
     logger.warning("replaying a push task=%s task_id=%s", env.task, env.id)
     return p.send_now(app, sync_client(cfg))

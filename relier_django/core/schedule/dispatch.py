@@ -28,6 +28,7 @@ import redis
 
 from ..broker import publish
 from ..dlq import dead_letter as dlq
+from ..model import events
 from ..model.config import Config
 from ..model.envelope import Envelope, decode
 from ..model.errors import EnvelopeError
@@ -55,15 +56,22 @@ class _Taken:
     task: str  # the task hash's own name, queue and claim: for a copy that cannot be read
     queue: str
     idem_key: str | None
+    waited_ms: int | None = None  # it had waited parked, handed a slot (G14)
 
 
 def _parse(ids: list[str], replies: list[Any]) -> list[_Taken]:
+    """The leased tasks; a task parked by this call is told (``TaskParked``) here, once
+    per reply: a replayed call answers as the first did."""
     taken = []
     for task_id, reply in zip(ids, replies, strict=True):
         if int(reply[0]) == 1:
             name, queue, idem = str(reply[4]), str(reply[5]), str(reply[6])
+            waited = str(reply[7]) if len(reply) > 7 else ""
             taken.append(_Taken(task_id, int(reply[1]), str(reply[2]), int(reply[3]) == 1,
-                                name, queue, idem or None))  # fmt: skip
+                                name, queue, idem or None,
+                                int(waited) if waited else None))  # fmt: skip
+        elif str(reply[1]) == "parked" and len(reply) > 4:
+            events.emit(events.TaskParked(task_id, str(reply[2]), str(reply[3]), str(reply[4])))
     return taken
 
 
@@ -200,6 +208,8 @@ class Dispatcher:
             logger.error("scheduled publish failed task_id=%s", env.id, exc_info=True)
             return False
         logger.debug("dispatched scheduled task_id=%s task=%s", env.id, env.task)
+        if taken.waited_ms is not None:
+            events.emit(events.TaskUnparked(env.id, env.task, env.queue, taken.waited_ms / 1000))
         return True
 
     def _dead(

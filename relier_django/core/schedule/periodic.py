@@ -67,9 +67,10 @@ from typing import Any
 
 from ..broker import publish
 from ..model import arguments
-from ..model.config import Config
+from ..model.config import Config, current
 from ..model.envelope import decode
 from ..model.errors import AdmissionRejected, DuplicateTaskId
+from ..model.options import call_flow
 from ..model.spec import TaskSpec
 from ..model.timing import Timing
 from ..push import producer
@@ -102,6 +103,8 @@ class Entry:
     queue: str | None = None
     missed: Missed = Missed.ALL
     since_ms: int | None = None  # no tick at or before it (options["relier_since_ms"])
+    # options["limit"], options["concurrency_key"]: its ticks' own flow control.
+    flow: tuple[str | None, str | None] = (None, None)
 
 
 Source = Callable[[], Mapping[str, Any]]
@@ -219,6 +222,7 @@ def _entry(app: Any, name: str, raw: Any) -> Entry:
     try:
         missed = Missed(options.get(MISSED_OPTION, Missed.ALL))
         arguments.check(spec, tuple(args), dict(kwargs))
+        flow = _flow(spec, options, name)
     except (ValueError, TypeError) as exc:
         raise _Reject(Problem.BAD_ENTRY, str(exc)) from None
     queue = options.get("queue")
@@ -231,7 +235,29 @@ def _entry(app: Any, name: str, raw: Any) -> Entry:
         queue if isinstance(queue, str) else None,
         missed,
         since,
+        flow,
     )
+
+
+def _flow(spec: TaskSpec, options: Mapping[str, Any], name: str) -> tuple[str | None, str | None]:
+    """An entry's own flow control (``options["limit"]``, ``options["concurrency_key"]``),
+    checked now, so ``manage.py check`` names it (relier.E010), not each tick's push.
+
+    Raises:
+        ValueError, TypeError: a limit the settings lack, a key that is not one or that
+            keys nothing.
+    """
+    limit, key = call_flow(options, f"periodic entry {name!r}")
+    named = current().named_limits()
+    if limit is not None and limit not in named:
+        known = ", ".join(sorted(named)) or "none defined"
+        raise ValueError(f"its 'limit' {limit!r} is not in RELIER['LIMITS'] ({known})")
+    if key is not None and limit is None and not spec.limits:
+        raise ValueError(
+            f"its 'concurrency_key' {key!r} keys nothing: the task has no concurrency=, "
+            "limit= or rate=, and the entry gives no 'limit'"
+        )
+    return limit, key
 
 
 def tick_id(
@@ -463,6 +489,7 @@ class _Firing:
                 when=Timing(eta_ms=tick),
                 idempotency_key=tick_key(entry.name, tick) if spec.idempotent else None,
                 on_commit=False,
+                flow=entry.flow,
             )
         except DuplicateTaskId:
             # The tick's task exists (its claimer died after pushing it): fired once.

@@ -402,10 +402,11 @@ class Runner:
         a partitioned store, where flow control is refused at push, a workflow's later
         step runs ungated (docs/flow-control.md)."""
         spec = getattr(self.app.tasks.get(nxt.task), "relier_spec", None)
-        if spec is None or not spec.limits or self.keys.tagged:
+        if spec is None or not (spec.limits or nxt.limit) or self.keys.tagged:
             return ""
         found = limits.gate_of(spec.name, spec.limits, self.config.named_limits(),
-                               spec.user_signature(), nxt.args, nxt.kwargs)  # fmt: skip
+                               spec.user_signature(), nxt.args, nxt.kwargs, nxt.limit,
+                               nxt.limit_key)  # fmt: skip
         return "" if found is None else found.script_arg()
 
     def _successor(

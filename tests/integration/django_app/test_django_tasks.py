@@ -130,6 +130,28 @@ def test_relier_options_come_through_task(worker, redis_client):
     assert redis_client.llen("demo:exec:dt-order-1") == 3
 
 
+def test_flow_control_comes_through_task_and_using(worker_factory, redis_client):
+    """``@task(concurrency=1, concurrency_key="key")`` and, for a task with none,
+    ``using(limit="single", concurrency_key=...)``: one run of a key at a time, in
+    enqueue order, on a worker of 4 processes (docs/flow-control.md)."""
+    from tests.integration.test_limits import _most_at_once, _no_limit_keys_left, _records
+
+    worker_factory(concurrency=4)
+    results = [jobs.one_per_key.enqueue("a", f"a{i}", 0.1) for i in range(3)]
+    per_call = jobs.unlimited.using(limit="single", concurrency_key="b")
+    results += [per_call.enqueue("b", f"b{i}", 0.1) for i in range(3)]
+    for each in results:
+        assert _finished(each).status == S.SUCCESSFUL
+    records = _records(redis_client, "dj")
+    assert _most_at_once(records) == {"a": 1, "b": 1}
+    starts = [label for kind, _, label, _, _ in records if kind == "start"]
+    assert [x for x in starts if x[0] == "a"] == ["a0", "a1", "a2"]
+    assert [x for x in starts if x[0] == "b"] == ["b0", "b1", "b2"]
+    _no_limit_keys_left(redis_client)
+    with pytest.raises(TypeError, match="takes the key itself"):
+        jobs.unlimited.using(limit="single", concurrency_key=1.5)
+
+
 def test_run_after_waits_in_the_durable_schedule(worker, redis_client):
     due = timezone.now() + timedelta(seconds=2)
     result = jobs.add.using(run_after=due).enqueue(1, 1)

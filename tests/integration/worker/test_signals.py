@@ -17,11 +17,13 @@ import pytest
 import relier_django
 from relier_django import TaskFailed, signals
 from relier_django.core.dlq.store import DeadLetterStore
-from relier_django.core.model import config, events
+from relier_django.core.model import config, events, limits
 from relier_django.core.model.envelope import Envelope, decode
 from relier_django.core.model.spec import TaskSpec
+from relier_django.core.model.timing import timing
 from relier_django.core.push import producer
 from relier_django.core.recovery.resurrector import Resurrector
+from relier_django.core.schedule.dispatch import Dispatcher
 from relier_django.core.store import cancel as core_cancel
 from relier_django.core.store import scripts
 from relier_django.core.store.cancel import Cancelled
@@ -40,6 +42,8 @@ ALL = (
     signals.task_resurrected,
     signals.task_released,
     signals.task_cancelled,
+    signals.task_parked,
+    signals.task_unparked,
 )
 
 
@@ -177,6 +181,42 @@ def test_a_resurrection_sends_task_resurrected(redis_client, received):
         env.id, "t.waits", 2, 1, cfg.recovery_queue, "unsent"
     )
     assert kwargs["cause"] == "unsent"  # its message never reached a worker
+
+
+ONE_SLOT = TaskSpec(
+    name="t.one_slot", fn=lambda label: label, queue="signals",
+    limits=limits.check_options(1, None, None, None),
+)  # fmt: skip
+
+
+def test_parking_sends_task_parked_and_the_dispatch_after_a_hand_over_task_unparked(
+    redis_client, received
+):
+    """One slot: the first push holds it, the second parks at its push (told by the
+    pushing process), a countdown push parks at the leader's dispatch (told by the
+    leader); the holder's commit hands the slot to the first parked task, which the
+    leader's next dispatch tells as unparked with its wait. Each act told once."""
+    cfg = config.current()
+    dispatcher = Dispatcher(app, cfg, "scanner-1")
+    holder = _pushed(ONE_SLOT, "holder")
+    parked = _pushed(ONE_SLOT, "parked")
+    late = producer.push(ONE_SLOT, app, ("late",), {}, on_commit=False, when=timing(0.05))
+    time.sleep(0.1)
+    assert dispatcher.run_due() == 1  # the holder; the countdown push parks
+    scope = "t:t.one_slot"
+    assert [(sig, kw["event"]) for sig, kw in received] == [
+        (signals.task_parked, events.TaskParked(parked.id, "t.one_slot", scope, "")),
+        (signals.task_parked, events.TaskParked(late.task_id, "t.one_slot", scope, "")),
+    ]
+    received.clear()
+    Runner(ONE_SLOT, app, cfg, "test:1").run_blocking(holder.encode())  # commits: hands over
+    assert dispatcher.run_due() == 1
+    ((signal, kwargs),) = received
+    assert signal is signals.task_unparked
+    assert (kwargs["task_id"], kwargs["task"], kwargs["queue"]) == (parked.id, "t.one_slot",
+                                                                   "signals")  # fmt: skip
+    assert 0 <= kwargs["waited_s"] < 30
+    assert redis_client.hget(KEYS.task(parked.id), "parked_ms") is None  # told once
 
 
 def test_a_receiver_that_raises_breaks_neither_the_act_nor_the_other_receivers(

@@ -55,7 +55,11 @@
 -- expiry index, and not queued (the message, if given, is not pushed): the scanner
 -- leader dispatches it when due (G11). The earliest due time wakes the leader.
 -- RETURNS  {1, id, scheduled}  stored, fence 1 minted; scheduled: 1 when it waits in the
---                        schedule index (the caller publishes nothing), else 0
+--                        schedule index (the caller publishes nothing), 2 when it
+--                        was parked over its limit (waits in its key's line: the
+--                        caller publishes nothing and tells it, task_parked), else 0.
+--                        A replay of the call that parked it answers 2 again (the
+--                        hash names that call: field 'park_push'), any other call 1
 --          {0, other_id}  idempotent duplicate: other_id holds the claim
 --          {-1, id}       a task with this id already exists (caller-chosen id reused)
 --          {-2, id}       a DLQ entry holds this id: release or delete it first (an
@@ -107,6 +111,9 @@ if redis.call('EXISTS', KEYS[1], KEYS[4], KEYS[5]) > 0 then
     if existing[1] == ARGV[2] then
       if redis.call('HSETNX', KEYS[1], pusher, '1') == 1 then
         redis.call('HINCRBY', KEYS[1], 'pushers', '1')
+      end
+      if redis.call('HGET', KEYS[1], 'park_push') == pusher then
+        return {1, id, 2}  -- a replay of the call that parked it: told as the first was
       end
       local waits = existing[2] == 'scheduled' or existing[2] == 'parked'
       return {1, id, waits and 1 or 0}
@@ -199,7 +206,8 @@ if gate ~= '' then
   -- later takes its slot when due, at the leader's dispatch).
   if scope ~= '' and due <= now_ms and not limit_take_slot(limit_prefix(KEYS[3]), KEYS[1],
       id, scope, key, capacity, '1', now_ms, KEYS[8]) then
-    return {1, id, 1}
+    redis.call('HSET', KEYS[1], 'park_push', pusher)
+    return {1, id, 2}
   end
 end
 if due then

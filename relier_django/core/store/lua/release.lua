@@ -18,17 +18,29 @@
 --          that failed again after a release gets a new entry under the same id, with a
 --          higher fence: releasing it from the older read would reuse a fence)
 -- ARGV[11] request token: unique per call, the same in a replay of it
+-- ARGV[12] the task's flow-control gate (model/limits.py Gate.script_arg), '' for none
+--          (G14; unpartitioned stores only, as push.lua's: _limits.lua names the
+--          schedule index and the scopes' keys from the expiry index's prefix)
 -- RETURNS  1 re-created: publish the envelope now (a replay of this call after a lost
 --            reply, found by its token on the entry, answers 1 again, so the release
 --            is still published and the entry dropped)
+--          2 re-created gated: due now in the schedule index, publish nothing; the
+--            scanner leader dispatches it through its gate (schedule_take.lua: its
+--            rate's time, then a slot, or its key's line until a slot frees), as a push
+--            of a countdown. The caller drops the entry (release_done.lua). A replay
+--            answers 2 again.
 --          0 no such entry in the DLQ (already released, deleted, never there, or now
 --            holding a later failure than the caller asked for)
 --          -1 a live task with this id exists (it was pushed again meanwhile)
 -- @include _dlq_index
+-- @include _metrics
+-- @include _limits
+local gate = ARGV[12] or ''
+local created = gate ~= '' and 2 or 1
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false then
   local mark = redis.call('HMGET', KEYS[2], 'releasing', 'releasing_req')
   if mark[1] == ARGV[4] and mark[2] == ARGV[11] then
-    return 1
+    return created
   end
   return 0
 end
@@ -60,8 +72,17 @@ if earlier[3] then
   -- The released incarnation resumes from the failed one's last checkpoint.
   redis.call('HSET', KEYS[3], 'partial', earlier[3])
 end
-redis.call('ZADD', KEYS[5], now_ms + tonumber(ARGV[8]), ARGV[2])
+if gate ~= '' then
+  -- Not queued: no message is sent by the caller, so the expiry index does not cover
+  -- it until the leader leases it at dispatch; the schedule index does until then.
+  local now_text = string.format('%d', now_ms)
+  limit_store_gate(KEYS[3], gate)
+  redis.call('HSET', KEYS[3], 'due_ms', now_text)
+  limit_schedule(limit_prefix(KEYS[5]), KEYS[3], ARGV[2], now_text)
+else
+  redis.call('ZADD', KEYS[5], now_ms + tonumber(ARGV[8]), ARGV[2])
+end
 redis.call('DEL', KEYS[8])
 dlq_index_remove(KEYS[1], KEYS[6], KEYS[7], KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[2], 'releasing', ARGV[4], 'releasing_req', ARGV[11])
-return 1
+return created
