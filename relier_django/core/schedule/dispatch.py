@@ -35,7 +35,7 @@ from ..model.errors import EnvelopeError
 from ..model.failure import Failure, Reason
 from ..store import scripts
 from ..store.clock import ServerClock
-from ..store.connection import sync_client
+from ..store.connection import execute_timed, sync_client, timed_pipeline
 from ..store.keys import KeySpace
 
 logger = logging.getLogger("relier_django.schedule")
@@ -107,25 +107,35 @@ class Dispatcher:
         due = [part for part, head in zip(self.keys.parts(), heads, strict=True)
                if head is not None and head <= now_ms]  # fmt: skip
         try:
-            return sum(self._run_due(part) for part in due)
+            return sum(self._run_due(part, now_ms) for part in due)
         finally:
             if due:
                 self._earliest_read_at = None  # the heads moved: read them again
 
-    def _heads(self) -> tuple[int, list[float | None]]:
+    def _heads(self, timed: bool = True) -> tuple[int, list[float | None]]:
         """The Redis time (ms) and each partition's earliest due time, in one round
-        trip; the earliest of them kept for :meth:`next_due_in_s`."""
-        pipe = self.client.pipeline(transaction=False)
+        trip (two on a cluster, whose pipelines refuse TIME); the earliest of them kept
+        for :meth:`next_due_in_s`. ``timed=False``: the time is :attr:`clock`'s,
+        enough to decide how long to wait; a dispatch reads the server's, so that a
+        task made due now (a slot's hand-over) is due to it, never a millisecond
+        early on a clock that lags."""
+        sent_at = time.monotonic()
+        pipe = timed_pipeline(self.client) if timed else self.client.pipeline(transaction=False)
         for part in self.keys.parts():
             pipe.zrange(part.schedule, 0, 0, withscores=True)
-        heads = [float(head[0][1]) if head else None for head in pipe.execute()]
+        if timed:
+            now_ms, replies = execute_timed(self.client, pipe)
+            self.clock.calibrate_ms(now_ms, sent_at)
+        else:
+            replies, now_ms = pipe.execute(), self.now_ms()
+        heads = [float(head[0][1]) if head else None for head in replies]
         self._earliest = min((h for h in heads if h is not None), default=None)
         self._earliest_read_at = time.monotonic()
-        return self.now_ms(), heads
+        return now_ms, heads
 
-    def _run_due(self, part: KeySpace) -> int:
+    def _run_due(self, part: KeySpace, now_ms: int) -> int:
         published = 0
-        while ids := self.due_ids(part, self.now_ms()):
+        while ids := self.due_ids(part, now_ms):
             token = uuid.uuid4().hex
             lease_ms = int(self.config.resurrect_lease_s * 1000)
             taken = scripts.ScriptCall(
@@ -158,7 +168,7 @@ class Dispatcher:
         turn) it reads after dispatching."""
         read_at = self._earliest_read_at
         if read_at is None or time.monotonic() - read_at >= HEAD_FRESH_S:
-            self._heads()
+            self._heads(timed=False)
         if self._earliest is None:
             return None
         return max(0.0, (self._earliest - self.now_ms()) / 1000)

@@ -55,7 +55,10 @@ class ServerClock:
         """Take a ``TIME`` reply read just now (``sent_at``: the monotonic time the
         request left, to split the round trip); returns it in epoch ms."""
         seconds, micros = reply
-        server_ms = int(seconds) * 1000 + int(micros) // 1000
+        return self.calibrate_ms(int(seconds) * 1000 + int(micros) // 1000, sent_at)
+
+    def calibrate_ms(self, server_ms: int, sent_at: float | None = None) -> int:
+        """As :meth:`calibrate`, from a reading already in epoch ms."""
         now = self._monotonic()
         middle = now if sent_at is None else (sent_at + now) / 2
         self._offset_ms = server_ms - middle * 1000
