@@ -5,7 +5,11 @@ limit of their own for a cause, checked with the other settings."""
 from __future__ import annotations
 
 import pytest
-from django.tasks import task
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the django-tasks backport
+    from django_tasks import task
 
 from relier_django import conf, rl_task
 from relier_django.core.model import resurrections
