@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-import redis
-
 # A crash-testing worker's timings: a dead pool process is seen at once (its Redis
 # connection closes); the heartbeat TTL is the bound for everything else.
 FAST_RECOVERY: dict[str, str] = {
@@ -90,10 +88,13 @@ class PrivateRedis:
     def _answers(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
             raise RuntimeError(f"redis-server exited: see {self.directory / 'redis.log'}")
+        # A bare PING on a socket: every Redis client of relier's is built by
+        # core/store/connection.py, and this server is not relier's store yet.
         try:
-            with redis.Redis(port=self.port, socket_timeout=2) as client:
-                return bool(client.ping())
-        except redis.exceptions.ConnectionError:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
             return False
 
     def stop(self) -> None:
