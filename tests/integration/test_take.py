@@ -123,6 +123,44 @@ def test_take_asks_the_lists_in_order_and_rings_again_while_messages_wait(connec
     assert store.zrange(redis_channel.bell_of("low"), 0, -1) == [redis_channel.RING[0]]
 
 
+def _priority_lists(queue: str) -> list[str]:
+    """A queue's ten lists in a worker's ask order (highest priority first)."""
+    return [f"{queue}\x06\x16{p}" for p in range(9, 0, -1)] + [queue]
+
+
+def test_a_take_asks_every_list_in_one_command(connection, store):
+    """A worker asks twenty lists or more (two queues' ten priority levels): one LMPOP
+    asks them all in order, not an RPOP of each empty list before the message."""
+    lists = _priority_lists("relier.recovery") + _priority_lists("tq")
+    store.lpush("tq", "m")
+    store.config_resetstat()
+    assert _take(store, lists) == ("tq", "m")
+    assert _take(store, lists) is None
+    calls = store.info("commandstats")
+    assert calls["cmdstat_lmpop"]["calls"] == 2
+    assert "cmdstat_rpop" not in calls
+
+
+def test_a_server_without_lmpop_is_asked_list_by_list(redis_server, connection, store):
+    """Redis before 7.0 has no LMPOP: the take asks each list in order with RPOP. (A user
+    denied LMPOP stands in for such a server: the script's call is refused the same way.)"""
+    store.acl_setuser("pre7", enabled=True, nopass=True, keys=["*"], channels=["*"],
+                      commands=["+@all", "-lmpop"])  # fmt: skip
+    old = redis.Redis(port=redis_server.port, username="pre7", decode_responses=True)
+    try:
+        old.lpush("tq", "a", "b")
+        old.lpush("tq\x06\x164", "c")
+        lists = _priority_lists("tq")
+        assert _take(old, lists) == ("tq\x06\x164", "c")
+        assert _take(old, lists) == ("tq", "a")
+        assert store.zrange(redis_channel.bell_of("tq"), 0, -1) == [redis_channel.RING[0]]
+        assert _take(old, lists) == ("tq", "b")
+        assert _take(old, lists) is None
+    finally:
+        old.close()
+        store.acl_deluser("pre7")
+
+
 def test_of_many_takers_at_once_each_message_is_taken_once_and_marked_by_its_taker(
     connection, store
 ):
