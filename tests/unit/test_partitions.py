@@ -107,7 +107,7 @@ def test_a_per_partition_index_is_never_asked_of_the_whole() -> None:
     assert keys.partition_of_key(keys.at(4).expiry) == 4
 
 
-def test_a_push_draws_its_id_in_its_claims_partition_and_refuses_a_chain_step(
+def test_a_push_draws_its_id_in_its_claims_partition_and_refuses_a_chord_member(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cfg = Config(partitions=6)
@@ -121,8 +121,10 @@ def test_a_push_draws_its_id_in_its_claims_partition_and_refuses_a_chain_step(
                  if keys.partition_of(f"id-{n}") != keys.partition_of_key(claim))  # fmt: skip
     with pytest.raises(ValueError, match="different partitions"):
         producer._placed("shop.charge", wrong, "order-1", False)
-    with pytest.raises(ValueError, match="chains, chords and links are not supported"):
+    with pytest.raises(ValueError, match="chords and link_error= are not supported"):
         producer._placed("shop.charge", None, None, True)
+    # A chain's step or a task with link= is placed as any task (store/handover.py).
+    assert producer._placed("shop.charge", "celery-drawn", None, False) == "celery-drawn"
 
 
 def test_a_debounced_push_is_refused_on_a_partitioned_store() -> None:

@@ -41,7 +41,7 @@ from ..model.request import Request, RetryPolicy
 from ..model.schema import Call, SchemaMismatch
 from ..model.spec import TaskSpec
 from ..model.transition import Transition
-from ..store import checkpoint, chords, event_loop, liveness
+from ..store import checkpoint, chords, event_loop, handover, liveness
 from ..store.connection import async_client, sync_client
 from ..store.keys import KeySpace
 from ..store.scripts import ScriptCall
@@ -197,6 +197,8 @@ class Runner:
         finally:
             beats.remove(env.id, env.fence)
         action = self._outcome(spec, env, ctx, result, error)
+        if isinstance(action, _Commit) and self._hands_over(action):
+            return self._handing_over(spec, env, action, result)
         if isinstance(action, _Commit):  # the common case: no crossing to the loop
             client = sync_client(self.config)
             message = None
@@ -423,6 +425,36 @@ class Runner:
             following.chord, following.index, outcome.result_json(action.record), action.gate,
         )  # fmt: skip
 
+    def _hands_over(self, action: _Commit) -> bool:
+        # A partitioned store: what the commit brings about lives in other partitions.
+        return self.keys.tagged and (action.following is not None or bool(action.links))
+
+    def _handing_over(self, spec: TaskSpec, env: Envelope, action: _Commit, result: Any) -> Ended:
+        """Commit with a hand-over record, then complete it (store/handover.py). A
+        completion that fails, or a death before it, is the scanner leader's sweep's."""
+        client = sync_client(self.config)
+        tasks = [handover.Handed(t.env.id, t.encoded, t.env.task, t.env.queue,
+                                 t.max_resurrections)
+                 for t in (self._successor(action, None), *action.links) if t is not None]  # fmt: skip
+        marker_ttl_ms = max(self.result_ttl_ms, int(self.config.result_ttl_s * 1000))
+        stored = handover.record(tasks, marker_ttl_ms)
+        crashpoint.cross(crashpoint.BEFORE_COMMIT, env.task)
+        done = fencing.commit_handing_over(
+            self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail, stored
+        ).run(client)
+        _crossed_commit(env, done)
+        if self._committed(env, done):
+            if self.config.checkpoint_dir is not None:
+                checkpoint.remove_files(self.config.checkpoint_dir, env.id)
+            try:
+                handover.complete(client, self.keys, env.id, stored)
+            except Exception:
+                logger.warning(
+                    "hand-over not completed, left to the scanner's sweep task_id=%s",
+                    env.id, exc_info=True,
+                )  # fmt: skip
+        return self._commit_ended(env, done, result)
+
     def _after_commit(self, env: Envelope, done: Transition, client: Any) -> None:
         # A chord's callback committed: its header's results are no longer needed.
         if env.header and done.accepted:
@@ -447,6 +479,8 @@ class Runner:
     async def _act(
         self, spec: TaskSpec, env: Envelope, action: _Action, result: Any, error: Exception | None
     ) -> Ended:
+        if isinstance(action, _Commit) and self._hands_over(action):
+            return await asyncio.to_thread(self._handing_over, spec, env, action, result)
         if isinstance(action, _Commit):
             message = None
             if action.successor is not None and not action.gate:

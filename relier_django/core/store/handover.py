@@ -1,0 +1,121 @@
+"""Hand-overs: how a workflow step's commit brings about tasks in other partitions.
+
+On an unpartitioned store a step's commit creates its successor (a chain's next step,
+its ``link=`` callbacks) in the same script (``commit.lua``): no moment has the step
+done and the successor missing (G1 across a workflow, G13). On a partitioned store the
+successor's keys live in the partition of its own id, which Celery draws, and a Redis
+Cluster runs a script on one slot. So the commit records a *hand-over* in the step's
+own partition, atomically with the result: the successors' envelopes, under the step's
+id (the hand-over's token), indexed by the commit time. Then:
+
+1. the worker that committed completes it at once (:func:`complete`): each successor is
+   stored in its partition by ``handover_store.lua``, then ``handover_done.lua`` forgets
+   the record;
+2. if that worker died first (or its calls failed), the scanner leader's sweep
+   (:func:`sweep`) completes every record older than :data:`GRACE_MS`, in each
+   partition, the same way.
+
+Both may run, in any order and more than once: a successor is stored once (its marker,
+``keys.handed``, names the token that stored it; an id that has a task or a result is
+left alone), and forgetting twice is forgetting once. A successor stored is due now in
+its partition's schedule index, so the scanner leader dispatches it, fenced, as any
+scheduled task. What this costs against one script: two more round trips per step
+after its commit, and a successor appears in its partition a moment after the commit
+rather than with it (at most the grace plus a scanner pass if the worker died).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import scripts
+from .keys import KeySpace
+
+logger = logging.getLogger(__name__)
+
+# How old a record must be before the sweep completes it: the committing worker
+# completes its own within a few milliseconds; a completion by both is harmless, so
+# the grace only spares the sweep's work, not correctness.
+GRACE_MS = 3_000
+# Records the sweep reads per partition and pass.
+SWEEP_BATCH = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Handed:
+    """One task a hand-over brings about: its id, envelope (fence 1, as stored), task
+    name, queue and resurrection limit (an integer or a policy's text)."""
+
+    id: str
+    encoded: str
+    task: str
+    queue: str
+    max_resurrections: int | str
+
+    def as_json(self) -> list[Any]:
+        return [self.id, self.encoded, self.task, self.queue, self.max_resurrections]
+
+
+def record(tasks: Sequence[Handed], marker_ttl_ms: int) -> str:
+    """The hand-over record ``commit.lua`` stores: the tasks, and how long each
+    successor's marker is kept (at least its result's TTL, so that a late completion
+    never stores a successor that already ran)."""
+    return json.dumps({"ttl": marker_ttl_ms, "tasks": [t.as_json() for t in tasks]})
+
+
+def _calls(keys: KeySpace, token: str, stored: str) -> list[scripts.ScriptCall[int]]:
+    """The calls that complete the hand-over ``token`` (its record ``stored``): one
+    store per successor, then the forget."""
+    body = json.loads(stored)
+    calls = [
+        scripts.ScriptCall(
+            scripts.HANDOVER_STORE, keys.for_handover_store(task_id),
+            [task_id, encoded, name, queue, maxres, token, int(body["ttl"])], int,
+        )  # fmt: skip
+        for task_id, encoded, name, queue, maxres in body["tasks"]
+    ]
+    calls.append(
+        scripts.ScriptCall(scripts.HANDOVER_DONE, keys.for_handover_done(token), [token], int)
+    )
+    return calls
+
+
+def complete(client: Any, keys: KeySpace, token: str, stored: str) -> int:
+    """Store every successor of the hand-over ``token`` in its partition, then forget
+    the record. Safe to call any number of times, concurrently too. Returns how many
+    successors are stored by this hand-over (a replay counts them again)."""
+    calls = _calls(keys, token, stored)
+    created = sum(call.run(client) for call in calls[:-1])
+    calls[-1].run(client)
+    return created
+
+
+def sweep(client: Any, keys: KeySpace, now_ms: int, grace_ms: int = GRACE_MS) -> int:
+    """Complete the hand-overs recorded before ``now_ms - grace_ms`` (Redis clock) in
+    every partition: those whose worker died, or failed, between its commit and its
+    completion. Returns how many were completed."""
+    done = 0
+    for part in keys.parts():
+        tokens = client.zrangebyscore(
+            part.handovers, "-inf", now_ms - grace_ms, start=0, num=SWEEP_BATCH
+        )
+        if not tokens:
+            continue
+        for token, stored in zip(tokens, client.hmget(part.handover_records, tokens)):
+            token = token.decode() if isinstance(token, bytes) else token
+            if stored is None:
+                # Forgotten between the two reads (its worker completed it): only the
+                # index entry, if any, is left to drop.
+                scripts.ScriptCall(
+                    scripts.HANDOVER_DONE, keys.for_handover_done(token), [token], int
+                ).run(client)
+                continue
+            stored = stored.decode() if isinstance(stored, bytes) else stored
+            logger.info("hand-over completed by the sweep task_id=%s", token)
+            complete(client, keys, token, stored)
+            done += 1
+    return done
