@@ -52,7 +52,7 @@ from relier_django.core.push import admission, idempotency, producer
 from relier_django.core.recovery import deaths
 from relier_django.core.schedule import periodic
 from relier_django.core.store import cancel as store_cancel
-from relier_django.core.store import checkpoint, chords, scripts
+from relier_django.core.store import checkpoint, chords, handover, scripts
 from relier_django.core.store import progress as store_progress
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
@@ -670,6 +670,28 @@ def ratelimit_(cfg: config.Config, client: redis.Redis) -> Any:
     return call.run(sync_client(cfg, fail_fast=True))
 
 
+def _handover_record() -> str:
+    nxt = Envelope(id="replay-next", task="demo.step_add", args=(3, 4), created_ms=1)
+    return handover.record([handover.Handed(nxt.id, nxt.encode(), nxt.task, "", 3)], 60_000)
+
+
+def commit_handover_record(cfg: config.Config, client: redis.Redis) -> Any:
+    """A partitioned store's chain step: its commit records a hand-over instead of
+    storing the next step (store/handover.py); run on the plain layout too."""
+    env = _started(cfg, client)
+    record = outcome.succeeded(3, env.fence)
+    return fencing.commit_handing_over(
+        _keys(cfg), env, record, 60_000, False, _handover_record()
+    ).run(client)
+
+
+def handover_completed(cfg: config.Config, client: redis.Redis) -> Any:
+    """The hand-over completed after its commit: the next step stored in its partition
+    (handover_store.lua), then the record forgotten (handover_done.lua)."""
+    assert commit_handover_record(cfg, client).accepted
+    return handover.complete(client, _keys(cfg), TASK_ID, _handover_record())
+
+
 CASES: dict[str, Case] = {
     "push": Case(push),
     "abort": Case(abort),
@@ -705,6 +727,8 @@ CASES: dict[str, Case] = {
     "admit": Case(admit, replayed=False),
     "ratelimit": Case(ratelimit_, replayed=False),
     "adopt": Case(adopt),
+    "handover_store": Case(handover_completed),
+    "handover_done": Case(handover_completed),
 }
 
 
@@ -723,6 +747,7 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "commit+gated_successor": ("commit", Case(commit_gated_successor)),
     "dead_letter+hands_over": ("dead_letter", Case(dead_letter_hands_over)),
     "commit+link": ("commit", Case(commit_link)),
+    "commit+handover_record": ("commit", Case(commit_handover_record)),
     "dead_letter+link_error": ("dead_letter", Case(dead_letter_link_error)),
     "cancel+parked": ("cancel", Case(cancel_parked)),
     "push+debounce": ("push", Case(push_debounced, setup_runs=1)),
@@ -739,7 +764,8 @@ _UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_ta
                   "schedule_take+waits_rate", "commit+hands_over", "commit+gated_successor",
                   "dead_letter+hands_over", "cancel+parked", "push+debounce",
                   "push+superseded", "schedule_take+debounce",
-                  # Links too: a partitioned store refuses them at push, as chains.
+                  # Links as commit.lua creates them: a partitioned store hands them
+                  # over (commit+handover_record); link_error= it refuses at push.
                   "commit+link", "dead_letter+link_error"}  # fmt: skip
 
 
@@ -874,8 +900,9 @@ def test_every_script_has_a_replay_scenario() -> None:
 def _layouts() -> list[Any]:
     """Every scenario on the plain layout and on a partitioned one (PARTITIONS > 1,
     docs/scaling.md: each key in its partition's slot, the absent keys named in it),
-    except chains' and chords', which a partitioned store refuses at push
-    (tests/unit/test_partitions.py), and take.lua, which runs on an unpartitioned store
+    except chains' and chords' as commit.lua creates them (a partitioned store hands a
+    chain's next step over, commit+handover_record, and refuses chords at push:
+    tests/unit/test_partitions.py), and take.lua, which runs on an unpartitioned store
     only (a worker on a partitioned one takes with take_inflight.lua, on the broker)."""
     cases = []
     for name in [*_script_names(), *VARIANTS]:
