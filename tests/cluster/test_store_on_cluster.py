@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from celery import chain, chord, group
+from celery import chain, group
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
@@ -215,7 +215,7 @@ def test_the_standalone_admission_check_counts_on_the_cluster(on_cluster: dict[s
     assert asyncio.run(three()) == [True, True, False]
 
 
-def test_a_group_runs_each_member_once_and_a_chord_is_refused(
+def test_a_group_runs_each_member_once_and_link_error_is_refused(
     on_cluster: dict[str, str], cluster_worker: CeleryWorker, cluster_client: RedisCluster
 ) -> None:
     add = tasks.step_add
@@ -230,7 +230,28 @@ def test_a_group_runs_each_member_once_and_a_chord_is_refused(
     assert view is not None and view.kind == "group"
     assert [s.task_id for s in view.steps] == ids
     with pytest.raises(ValueError, match="chords and link_error= are not supported"):
-        chord([add.s(1, 1), add.s(2, 2)])(tasks.step_sum.s(0))
+        add.apply_async((1, 1), link_error=add.si(0, 0))
+
+
+def test_a_chain_and_its_links_across_every_master_run_each_step_once(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker, cluster_client: RedisCluster
+) -> None:
+    # Each step's commit hands its successor over to the successor's partition
+    # (store/handover.py): a key of another slot in any script would be CROSSSLOT here.
+    space, add = keys(), tasks.step_add
+    ids = [_id_in(space, k) for k in (0, 2, 4, 1)]  # a partition on each master, and back
+    link_id = _id_in(space, 5)
+    steps = [add.s(1, 1).set(task_id=ids[0])]
+    steps += [add.s(10 ** k).set(task_id=ids[k]) for k in range(1, 4)]
+    chain(*steps).apply_async()
+    parent = add.apply_async((1, 2), task_id=_id_in(space, 3),
+                             link=add.s(1000).set(task_id=link_id))  # fmt: skip
+    assert relier_django.result(ids[-1]).get(timeout=60) == 1112
+    assert relier_django.result(link_id).get(timeout=30) == 1003
+    assert all(len(runs(f"step:{i}")) == 1 for i in [*ids, parent.id, link_id])
+    handed = [space.handed(i) for i in [*ids[1:], link_id]]
+    assert [sync_client(current()).get(k) for k in handed] == [*ids[:-1], parent.id]
+    assert not any(cluster_client.exists(p.handovers) for p in space.parts())
 
 
 def test_cancel_takes_back_a_scheduled_idempotent_task(
