@@ -242,7 +242,7 @@ def test_a_chain_and_its_links_across_every_master_run_each_step_once(
     ids = [_id_in(space, k) for k in (0, 2, 4, 1)]  # a partition on each master, and back
     link_id = _id_in(space, 5)
     steps = [add.s(1, 1).set(task_id=ids[0])]
-    steps += [add.s(10 ** k).set(task_id=ids[k]) for k in range(1, 4)]
+    steps += [add.s(10**k).set(task_id=ids[k]) for k in range(1, 4)]
     chain(*steps).apply_async()
     parent = add.apply_async((1, 2), task_id=_id_in(space, 3),
                              link=add.s(1000).set(task_id=link_id))  # fmt: skip

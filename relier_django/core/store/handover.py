@@ -71,13 +71,12 @@ def _calls(keys: KeySpace, token: str, stored: str) -> list[scripts.ScriptCall[i
     """The calls that complete the hand-over ``token`` (its record ``stored``): one
     store per successor, then the forget."""
     body = json.loads(stored)
-    calls = [
-        scripts.ScriptCall(
-            scripts.HANDOVER_STORE, keys.for_handover_store(task_id),
-            [task_id, encoded, name, queue, maxres, token, int(body["ttl"])], int,
-        )  # fmt: skip
-        for task_id, encoded, name, queue, maxres in body["tasks"]
-    ]
+    calls = []
+    for task_id, encoded, name, queue, maxres in body["tasks"]:
+        args: list[scripts.Arg] = [task_id, encoded, name, queue, maxres, token, int(body["ttl"])]
+        calls.append(
+            scripts.ScriptCall(scripts.HANDOVER_STORE, keys.for_handover_store(task_id), args, int)
+        )
     calls.append(
         scripts.ScriptCall(scripts.HANDOVER_DONE, keys.for_handover_done(token), [token], int)
     )
@@ -105,7 +104,7 @@ def sweep(client: Any, keys: KeySpace, now_ms: int, grace_ms: int = GRACE_MS) ->
         )
         if not tokens:
             continue
-        for token, stored in zip(tokens, client.hmget(part.handover_records, tokens)):
+        for token, stored in zip(tokens, client.hmget(part.handover_records, tokens), strict=True):
             token = token.decode() if isinstance(token, bytes) else token
             if stored is None:
                 # Forgotten between the two reads (its worker completed it): only the

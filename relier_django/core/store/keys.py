@@ -50,8 +50,8 @@ exactly the unpartitioned one: ``<p>`` is the prefix.
 | ``<p>:holders``             | set    | ids of processes holding a liveness connection          |
 | ``<p>:layout``              | string | '<partitions>:tagged|plain', by the first worker; no TTL |
 | ``<p>:ledger``              | stream | the delivery ledger (relier_audit): trimmed, TTL horizon |
-| ``<p>:ho``                  | zset   | hand-overs: committed task id -> commit time (ms); empties |
-| ``<p>:ho:e``                | hash   | hand-overs: committed task id -> its successors; empties |
+| ``<p>:ho``                  | zset   | hand-overs: committed id -> commit time (ms); empties   |
+| ``<p>:ho:e``                | hash   | hand-overs: committed id -> its successors; empties     |
 | ``<p>:hd:{id}``             | string | a successor a hand-over stored -> its token; TTL        |
 """
 

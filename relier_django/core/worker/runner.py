@@ -433,9 +433,14 @@ class Runner:
         """Commit with a hand-over record, then complete it (store/handover.py). A
         completion that fails, or a death before it, is the scanner leader's sweep's."""
         client = sync_client(self.config)
-        tasks = [handover.Handed(t.env.id, t.encoded, t.env.task, t.env.queue,
-                                 t.max_resurrections)
-                 for t in (self._successor(action, None), *action.links) if t is not None]  # fmt: skip
+        following: list[fencing.Successor | fencing.Linked] = [*action.links]
+        successor = self._successor(action, None)
+        if successor is not None:
+            following.insert(0, successor)
+        tasks = [
+            handover.Handed(t.env.id, t.encoded, t.env.task, t.env.queue, t.max_resurrections)
+            for t in following
+        ]
         marker_ttl_ms = max(self.result_ttl_ms, int(self.config.result_ttl_s * 1000))
         stored = handover.record(tasks, marker_ttl_ms)
         crashpoint.cross(crashpoint.BEFORE_COMMIT, env.task)

@@ -57,7 +57,7 @@ def test_a_chain_across_every_partition_runs_each_step_once_in_order(
     keys, add = partitioned, tasks.step_add
     ids = [id_in(keys, k) for k in (0, 1, 2, 3, 1)]
     steps = [add.s(1, 1).set(task_id=ids[0])]
-    steps += [add.s(10 ** k).set(task_id=ids[k]) for k in range(1, 5)]
+    steps += [add.s(10**k).set(task_id=ids[k]) for k in range(1, 5)]
     result = chain(*steps).apply_async()
     assert result.id == ids[-1]
     assert relier_django.result(ids[-1]).get(timeout=30) == 11112
