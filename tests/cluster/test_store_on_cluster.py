@@ -28,7 +28,7 @@ from relier_django.core.model.idem_key import derive_key
 from relier_django.core.model.rates import Rate
 from relier_django.core.observe import measurements
 from relier_django.core.observe.audit import audit
-from relier_django.core.push import admission
+from relier_django.core.push import admission, producer
 from relier_django.core.store.connection import close_loop_clients, sync_client
 from relier_django.core.store.keys import KeySpace, partition_tags
 from relier_django.dlq import release_entry
@@ -215,7 +215,7 @@ def test_the_standalone_admission_check_counts_on_the_cluster(on_cluster: dict[s
     assert asyncio.run(three()) == [True, True, False]
 
 
-def test_a_group_runs_each_member_once_and_link_error_is_refused(
+def test_a_group_runs_each_member_once_and_a_chord_member_is_refused(
     on_cluster: dict[str, str], cluster_worker: CeleryWorker, cluster_client: RedisCluster
 ) -> None:
     add = tasks.step_add
@@ -229,8 +229,9 @@ def test_a_group_runs_each_member_once_and_link_error_is_refused(
     view = relier_django.workflow(result.id)
     assert view is not None and view.kind == "group"
     assert [s.task_id for s in view.steps] == ids
-    with pytest.raises(ValueError, match="chords and link_error= are not supported"):
-        add.apply_async((1, 1), link_error=add.si(0, 0))
+    member = {"id": "g", "index": 0, "callback": {"task": "demo.step_sum", "id": "cb"}}
+    with pytest.raises(ValueError, match="chords are not supported"):
+        producer.prepare(add.relier_spec, (1, 1), {}, chord=member)
 
 
 def test_a_chain_and_its_links_across_every_master_run_each_step_once(
@@ -251,6 +252,13 @@ def test_a_chain_and_its_links_across_every_master_run_each_step_once(
     assert all(len(runs(f"step:{i}")) == 1 for i in [*ids, parent.id, link_id])
     handed = [space.handed(i) for i in [*ids[1:], link_id]]
     assert [sync_client(current()).get(k) for k in handed] == [*ids[:-1], parent.id]
+    # An errback (link_error=) of a task filed in the DLQ, handed over the same way.
+    cluster_client.set("demo:broken:98", 1)
+    errback = _id_in(space, 4)
+    failed = add.apply_async((1, 98), task_id=_id_in(space, 1),
+                             link_error=tasks.sync_record.s().set(task_id=errback))  # fmt: skip
+    assert relier_django.result(errback).get(timeout=30)["label"] == failed.id
+    assert sync_client(current()).get(space.handed(errback)) == f"{failed.id}:dead:1"
     assert not any(cluster_client.exists(p.handovers) for p in space.parts())
 
 

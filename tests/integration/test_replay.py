@@ -540,13 +540,17 @@ def _with_errback() -> Any:
 
 
 def dead_letter_link_error(cfg: config.Config, client: redis.Redis) -> Any:
-    """A filing in the DLQ creates the task's errback (link_error=), given its id, once."""
+    """A filing in the DLQ creates the task's errback (link_error=), given its id, once;
+    on a partitioned store it records a hand-over, completed after (store/handover.py)."""
     env = _with_errback()
     keys = _keys(cfg)
     assert idempotency.store(keys, env, env.encode(), 60_000, 3, token="p").run(client).stored
     assert fencing.start(keys, env, "w1@host:1", 30_000).run(client).started
     failure = Failure(Reason.EXCEPTION, "ValueError", "boom", worker="w1@host:1")
     done = dlq.dead_letter(keys, failure, 60_000, env=env, now_ms=1).run(client)
+    if keys.tagged:
+        token = dlq.errback_token(env)
+        assert handover.complete_recorded(client, keys, keys.of_task(env.id), token) == 1
     errback = decode(client.hget(keys.task("replay-eb"), "env"))
     assert (errback.args, client.hget(keys.task("replay-eb"), "maxres")) == ((TASK_ID,), "2")
     return done
@@ -765,8 +769,8 @@ _UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_ta
                   "dead_letter+hands_over", "cancel+parked", "push+debounce",
                   "push+superseded", "schedule_take+debounce",
                   # Links as commit.lua creates them: a partitioned store hands them
-                  # over (commit+handover_record); link_error= it refuses at push.
-                  "commit+link", "dead_letter+link_error"}  # fmt: skip
+                  # over (commit+handover_record; errbacks: dead_letter+link_error).
+                  "commit+link"}  # fmt: skip
 
 
 def _script_names() -> list[str]:

@@ -121,9 +121,10 @@ def test_a_push_draws_its_id_in_its_claims_partition_and_refuses_a_chord_member(
                  if keys.partition_of(f"id-{n}") != keys.partition_of_key(claim))  # fmt: skip
     with pytest.raises(ValueError, match="different partitions"):
         producer._placed("shop.charge", wrong, "order-1", False)
-    with pytest.raises(ValueError, match="chords and link_error= are not supported"):
+    with pytest.raises(ValueError, match="chords are not supported"):
         producer._placed("shop.charge", None, None, True)
-    # A chain's step or a task with link= is placed as any task (store/handover.py).
+    # A chain's step, a task with link= or link_error= is placed as any task
+    # (store/handover.py).
     assert producer._placed("shop.charge", "celery-drawn", None, False) == "celery-drawn"
 
 

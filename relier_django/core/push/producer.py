@@ -117,7 +117,7 @@ def prepare(
     member = bool(chain or chord or group_id)
     if idem is None and spec.idempotent and not member:
         idem = derive_key(spec.idempotency_key, args, kwargs)
-    task_id = _placed(spec.name, task_id, idem, bool(chord or link_error))
+    task_id = _placed(spec.name, task_id, idem, bool(chord))
     return Envelope(
         id=task_id,
         workflow=group_id or (task_id if chain else ""),
@@ -142,16 +142,15 @@ def _placed(task: str, task_id: str | None, idem: str | None, unplaceable: bool)
     """The task's id: the caller's, or a fresh one. With partitions (docs/scaling.md),
     a fresh id is drawn in the partition of the task's idempotency claim, so that one
     script stores both; a caller's id must already be there. A chain's step and a task
-    with ``link=`` are placed as any task: their commit hands the next task over to its
-    partition (store/handover.py).
+    with ``link=`` or ``link_error=`` are placed as any task: their commit (their filing
+    in the DLQ) hands the next task over to its partition (store/handover.py).
 
     Raises:
         InvalidTaskId: a caller's id that breaks the id rule (``model.ids``).
         ValueError: with partitions, a caller's id whose partition is not its claim's,
-            or a chord's member or a task with ``link_error=`` (``unplaceable``), whose
-            ending creates a task (the callback, the errback) in one script, in any
-            partition: no hand-over covers them yet. A group's members are tasks of
-            their own.
+            or a chord's member (``unplaceable``), whose commit counts the header and
+            creates the callback in one script, in any partition: no hand-over covers
+            it yet. A group's members are tasks of their own.
     """
     if task_id is not None:
         ids.check_id(task_id)
@@ -160,11 +159,11 @@ def _placed(task: str, task_id: str | None, idem: str | None, unplaceable: bool)
         return task_id or uuid.uuid4().hex
     if unplaceable:
         raise ValueError(
-            f"{task}: chords and link_error= are not supported on a partitioned store "
-            "(RELIER['PARTITIONS'] > 1 or RELIER['CLUSTER']) yet: a chord member's commit "
-            "and a filing in the DLQ create the next task in one script, and Celery draws "
-            "that task's id, in any partition (docs/scaling.md); chains, link= and "
-            "groups are supported"
+            f"{task}: chords are not supported on a partitioned store (RELIER['PARTITIONS'] "
+            "> 1 or RELIER['CLUSTER']) yet: a chord member's commit counts the header and "
+            "creates the callback in one script, and Celery draws the callback's id, in "
+            "any partition (docs/scaling.md); chains, groups, link= and link_error= are "
+            "supported"
         )
     claim = keys.idempotency(task, idem) if idem is not None else None
     if task_id is None:

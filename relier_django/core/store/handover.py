@@ -67,9 +67,15 @@ def record(tasks: Sequence[Handed], marker_ttl_ms: int) -> str:
     return json.dumps({"ttl": marker_ttl_ms, "tasks": [t.as_json() for t in tasks]})
 
 
-def _calls(keys: KeySpace, token: str, stored: str) -> list[scripts.ScriptCall[int]]:
-    """The calls that complete the hand-over ``token`` (its record ``stored``): one
-    store per successor, then the forget."""
+def _forget(part: KeySpace, token: str) -> scripts.ScriptCall[int]:
+    return scripts.ScriptCall(scripts.HANDOVER_DONE, part.for_handover_done(), [token], int)
+
+
+def _calls(
+    keys: KeySpace, part: KeySpace, token: str, stored: str
+) -> list[scripts.ScriptCall[int]]:
+    """The calls that complete the hand-over ``token`` (its record ``stored``, kept in
+    ``part``): one store per successor, then the forget."""
     body = json.loads(stored)
     calls = []
     for task_id, encoded, name, queue, maxres in body["tasks"]:
@@ -77,20 +83,34 @@ def _calls(keys: KeySpace, token: str, stored: str) -> list[scripts.ScriptCall[i
         calls.append(
             scripts.ScriptCall(scripts.HANDOVER_STORE, keys.for_handover_store(task_id), args, int)
         )
-    calls.append(
-        scripts.ScriptCall(scripts.HANDOVER_DONE, keys.for_handover_done(token), [token], int)
-    )
+    calls.append(_forget(part, token))
     return calls
 
 
-def complete(client: Any, keys: KeySpace, token: str, stored: str) -> int:
+def complete(
+    client: Any, keys: KeySpace, token: str, stored: str, part: KeySpace | None = None
+) -> int:
     """Store every successor of the hand-over ``token`` in its partition, then forget
-    the record. Safe to call any number of times, concurrently too. Returns how many
-    successors are stored by this hand-over (a replay counts them again)."""
-    calls = _calls(keys, token, stored)
+    the record, kept in ``part`` (default: the partition of the task id ``token``).
+    Safe to call any number of times, concurrently too. Returns how many successors
+    are stored by this hand-over (a replay counts them again)."""
+    calls = _calls(keys, part or keys.of_task(token), token, stored)
     created = sum(call.run(client) for call in calls[:-1])
     calls[-1].run(client)
     return created
+
+
+def complete_recorded(client: Any, keys: KeySpace, part: KeySpace, token: str) -> int:
+    """:func:`complete` the hand-over ``token`` as ``part`` holds it (0: none there,
+    it was completed already). For a caller that did not build the record itself."""
+    stored = client.hget(part.handover_records, token)
+    if stored is None:
+        return 0
+    return complete(client, keys, token, _text(stored), part)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def sweep(client: Any, keys: KeySpace, now_ms: int, grace_ms: int = GRACE_MS) -> int:
@@ -105,16 +125,13 @@ def sweep(client: Any, keys: KeySpace, now_ms: int, grace_ms: int = GRACE_MS) ->
         if not tokens:
             continue
         for token, stored in zip(tokens, client.hmget(part.handover_records, tokens), strict=True):
-            token = token.decode() if isinstance(token, bytes) else token
+            token = _text(token)
             if stored is None:
                 # Forgotten between the two reads (its worker completed it): only the
                 # index entry, if any, is left to drop.
-                scripts.ScriptCall(
-                    scripts.HANDOVER_DONE, keys.for_handover_done(token), [token], int
-                ).run(client)
+                _forget(part, token).run(client)
                 continue
-            stored = stored.decode() if isinstance(stored, bytes) else stored
-            logger.info("hand-over completed by the sweep task_id=%s", token)
-            complete(client, keys, token, stored)
+            logger.info("hand-over completed by the sweep token=%s", token)
+            complete(client, keys, token, _text(stored), part)
             done += 1
     return done

@@ -389,9 +389,9 @@ class KeySpace:
         return [p.expiry, p.task(task_id), p.result(task_id), p.handed(task_id),
                 p._counted()[0]]  # fmt: skip
 
-    def for_handover_done(self, token: str) -> list[str]:
-        p = self.of_task(token)
-        return [p.handovers, p.handover_records]
+    def for_handover_done(self) -> list[str]:
+        """handover_done.lua's KEYS, asked of the partition that holds the record."""
+        return [self.handovers, self.handover_records]
 
     @property
     def metrics_counters(self) -> str:
@@ -705,6 +705,13 @@ class KeySpace:
             return [*keys, idem_key or p.absent,
                     *(key for eb in errbacks for key in (p.task(eb), p.result(eb)))]  # fmt: skip
         return [*keys, idem_key] if idem_key else keys
+
+    def for_dead_letter_handing_over(self, task_id: str, idem_key: str | None) -> list[str]:
+        """dead_letter.lua's KEYS for a filing that records its errbacks as a hand-over
+        (a partitioned store): KEYS[12] and KEYS[13] the hand-over index and records."""
+        p = self._with(task_id, idem_key)
+        return [*self.for_dead_letter(task_id, task_id, None), idem_key or p.absent,
+                p.handovers, p.handover_records]  # fmt: skip
 
     def for_dlq_delete(
         self, entry_ids: Iterable[str], token: str, chords: Sequence[str | None] = ()

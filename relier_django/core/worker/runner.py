@@ -460,6 +460,18 @@ class Runner:
                 )  # fmt: skip
         return self._commit_ended(env, done, result)
 
+    def _hand_errbacks_over(self, env: Envelope) -> None:
+        # The errbacks a partitioned store's filing recorded (dead_letter.lua): stored
+        # now, or by the scanner's sweep if this fails (store/handover.py).
+        try:
+            part, token = self.keys.of_task(env.id), dlq.errback_token(env)
+            handover.complete_recorded(sync_client(self.config), self.keys, part, token)
+        except Exception:
+            logger.warning(
+                "errbacks' hand-over not completed, left to the scanner's sweep task_id=%s",
+                env.id, exc_info=True,
+            )  # fmt: skip
+
     def _after_commit(self, env: Envelope, done: Transition, client: Any) -> None:
         # A chord's callback committed: its header's results are no longer needed.
         if env.header and done.accepted:
@@ -728,6 +740,8 @@ class Runner:
         )  # fmt: skip
         moved = await call.arun(self.client)
         task_id = env.id if env else None
+        if moved.accepted and env is not None and env.link_error and self.keys.tagged:
+            await asyncio.to_thread(self._hand_errbacks_over, env)
         if moved.accepted:
             # An operator must act: the task's own traceback comes with the line.
             logger.error(

@@ -16,8 +16,10 @@ import pytest
 from celery import chain
 
 import relier_django
+from relier_django import dlq
 from relier_django.core.model import config
 from relier_django.core.model.envelope import Envelope
+from relier_django.core.push import producer
 from relier_django.core.store import handover
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
@@ -88,10 +90,45 @@ def test_links_in_other_partitions_run_once_with_the_parents_result(
     assert_no_leaked_keys(redis_client, keys)
 
 
-def test_a_chord_and_link_error_are_still_refused_at_push(partitioned, redis_client):
-    add = tasks.step_add
-    with pytest.raises(ValueError, match="chords and link_error= are not supported"):
-        add.apply_async((1, 1), link_error=add.si(0, 0))
+def test_errbacks_in_other_partitions_run_once_with_the_failed_tasks_id(
+    pworker, partitioned, redis_client
+):
+    keys, add = partitioned, tasks.step_add
+    redis_client.set("demo:broken:99", "1")
+    errback = id_in(keys, 3)
+    parent = add.apply_async(
+        (1, 99), task_id=id_in(keys, 1), link=add.s(1).set(task_id=id_in(keys, 2)),
+        link_error=tasks.sync_record.s().set(task_id=errback),
+    )  # fmt: skip
+    assert relier_django.result(errback).get(timeout=30)["label"] == parent.id
+    assert len(redis_client.lrange(f"demo:exec:{parent.id}", 0, -1)) == 1  # one errback run
+    assert redis_client.get(keys.handed(errback)) == f"{parent.id}:dead:1".encode()
+    assert dlq.store().get(parent.id).reason == "exception"
+    assert no_hand_over_left(redis_client, keys)
+
+
+def test_an_errback_of_a_task_the_scanner_files_is_handed_over_by_the_sweep(
+    pworker, partitioned, redis_client
+):
+    # Filed by the scanner leader's dispatch (expired while it waited for its
+    # countdown): no worker completes that hand-over, the sweep does.
+    keys, errback = partitioned, id_in(partitioned, 2)
+    parent = tasks.step_add.apply_async(
+        (1, 2), task_id=id_in(keys, 0), countdown=2, expires=1,
+        link_error=tasks.sync_record.s().set(task_id=errback),
+    )  # fmt: skip
+    assert relier_django.result(errback).get(timeout=30)["label"] == parent.id
+    assert dlq.store().get(parent.id).reason == "expired"
+    assert fences(redis_client, parent.id) == []  # never ran
+    assert redis_client.get(keys.handed(errback)) == f"{parent.id}:dead:1".encode()
+    assert no_hand_over_left(redis_client, keys)
+
+
+def test_a_chord_member_is_still_refused_at_push(partitioned, redis_client):
+    spec = tasks.step_add.relier_spec
+    callback = {"task": "demo.step_sum", "id": "cb", "args": [], "kwargs": {}}
+    with pytest.raises(ValueError, match="chords are not supported"):
+        producer.prepare(spec, (1, 1), {}, chord={"id": "g", "index": 0, "callback": callback})
     assert redis_client.dbsize() <= 1  # the layout record at most: nothing stored
 
 
