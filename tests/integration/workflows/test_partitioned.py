@@ -71,6 +71,16 @@ def test_a_chain_across_every_partition_runs_each_step_once_in_order(
     assert_no_leaked_keys(redis_client, keys)
 
 
+def test_an_async_step_hands_its_successor_over_too(pworker, partitioned, redis_client):
+    keys, record = partitioned, tasks.record  # an async def task: the runner's other path
+    first, second = id_in(keys, 0), id_in(keys, 3)
+    chain(record.si("async-a").set(task_id=first), record.si("async-b").set(task_id=second)).delay()
+    assert relier_django.result(second).get(timeout=30)["label"] == "async-b"
+    assert redis_client.get(keys.handed(second)) == first.encode()
+    assert [len(redis_client.lrange(f"demo:exec:async-{x}", 0, -1)) for x in "ab"] == [1, 1]
+    assert no_hand_over_left(redis_client, keys)
+
+
 def test_links_in_other_partitions_run_once_with_the_parents_result(
     pworker, partitioned, redis_client
 ):
