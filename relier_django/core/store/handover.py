@@ -79,7 +79,8 @@ def _calls(
     body = json.loads(stored)
     calls = []
     for task_id, encoded, name, queue, maxres in body["tasks"]:
-        args: list[scripts.Arg] = [task_id, encoded, name, queue, maxres, token, int(body["ttl"])]
+        args: list[scripts.Arg] = [task_id, encoded, name, queue, maxres, token,
+                                   int(body["ttl"]), keys.ledger_ms]  # fmt: skip
         calls.append(
             scripts.ScriptCall(scripts.HANDOVER_STORE, keys.for_handover_store(task_id), args, int)
         )

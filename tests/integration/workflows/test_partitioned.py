@@ -8,6 +8,7 @@ hand-over's scripts are driven directly for the races and the sweep."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -202,6 +203,19 @@ def test_a_late_completion_never_recreates_a_successor_that_committed(partitione
     assert handover.complete(client, keys, token, stored) == 0
     assert not redis_client.exists(part.task(successor))
     assert redis_client.hget(part.metrics_counters, "pushed") == b"1"
+
+
+def test_a_handed_over_successor_is_noted_once_in_its_partitions_audit_ledger(
+    partitioned, redis_client
+):
+    keys = dataclasses.replace(partitioned, ledger_ms=60_000)  # AUDIT_HORIZON_S on
+    token, successor = id_in(keys, 0), id_in(keys, 1)
+    stored = _record_as_commit_would(redis_client, keys, token, successor, _now_ms(redis_client))
+    client = sync_client(config.current())
+    assert handover.complete(client, keys, token, stored) == 1
+    assert handover.complete(client, keys, token, stored) == 1  # a second completion
+    ledger = keys.of_task(successor).ledger
+    assert [f[b"p"] for _, f in redis_client.xrange(ledger)] == [successor.encode()]
 
 
 def test_the_sweep_completes_old_hand_overs_and_leaves_fresh_ones_to_their_worker(

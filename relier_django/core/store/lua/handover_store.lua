@@ -21,6 +21,8 @@
 -- ARGV[4]  its queue   ARGV[5] its max resurrections
 -- ARGV[6]  the hand-over's token (the id of the task whose commit recorded it)
 -- ARGV[7]  how long the marker is kept, ms (at least the successor's result's TTL)
+-- ARGV[8]  the audit ledger's horizon, ms ('' or 0: off): a successor stored is noted
+--          in its partition's ledger (_ledger.lua), as commit.lua notes a chain's step
 -- RETURNS  1  the successor was stored by this hand-over (now, or by an earlier call
 --             with this token: a replay answers the same)
 --          0  its id was taken by something else; nothing stored
@@ -28,6 +30,7 @@
 -- @include _clock
 -- @include _limits
 -- @include _links
+-- @include _ledger
 local mark = redis.call('GET', KEYS[4])
 if mark then
   return mark == ARGV[6] and 1 or 0
@@ -37,5 +40,6 @@ local created = link_create(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3]
   ARGV[5], '', now_ms, now_text, KEYS[5])
 if created == 1 then
   redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7])
+  ledger_note(KEYS[1], ARGV[8], now_ms, ARGV[1])
 end
 return created
