@@ -689,6 +689,25 @@ def commit_handover_record(cfg: config.Config, client: redis.Redis) -> Any:
     ).run(client)
 
 
+def chord_member_completed(cfg: config.Config, client: redis.Redis) -> Any:
+    """A partitioned store's chord member that completes the header: its commit records
+    a hand-over, whose completion counts its result in the chord's partition
+    (chord_member.lua) and stores the callback (store/handover.py)."""
+    env = _started(cfg, client)
+    keys = _keys(cfg)
+    chords.set_size(client, keys, "replay-group", 2)
+    client.hset(keys.chord("replay-group"), "r:0", "1")  # the other member's
+    callback = Envelope(id="replay-cb", task="demo.step_sum", created_ms=1, header="replay-group")
+    member = handover.Member(
+        "replay-group", 1, "3", handover.Handed(callback.id, callback.encode(), callback.task, "", 3)
+    )
+    stored = handover.record([], 60_000, member)
+    record = outcome.succeeded(3, env.fence)
+    done = fencing.commit_handing_over(keys, env, record, 60_000, False, stored).run(client)
+    assert done.accepted
+    return handover.complete(client, keys, TASK_ID, stored)
+
+
 def handover_completed(cfg: config.Config, client: redis.Redis) -> Any:
     """The hand-over completed after its commit: the next step stored in its partition
     (handover_store.lua), then the record forgotten (handover_done.lua)."""
@@ -733,6 +752,7 @@ CASES: dict[str, Case] = {
     "adopt": Case(adopt),
     "handover_store": Case(handover_completed),
     "handover_done": Case(handover_completed),
+    "chord_member": Case(chord_member_completed),
 }
 
 
@@ -904,16 +924,14 @@ def test_every_script_has_a_replay_scenario() -> None:
 def _layouts() -> list[Any]:
     """Every scenario on the plain layout and on a partitioned one (PARTITIONS > 1,
     docs/scaling.md: each key in its partition's slot, the absent keys named in it),
-    except chains' and chords' as commit.lua creates them (a partitioned store hands a
-    chain's next step over, commit+handover_record, and refuses chords at push:
-    tests/unit/test_partitions.py), and take.lua, which runs on an unpartitioned store
+    except chains' and chords' as commit.lua creates them (a partitioned store hands
+    them over: commit+handover_record, handover_store, chord_member), and take.lua, which runs on an unpartitioned store
     only (a worker on a partitioned one takes with take_inflight.lua, on the broker)."""
     cases = []
     for name in [*_script_names(), *VARIANTS]:
         cases.append(pytest.param(name, 1, id=f"{name}-plain"))
         if (
-            "chain" not in name
-            and "chord" not in name
+            name not in ("commit+chain", "commit+chord")
             and name != "take"
             and name not in _UNPARTITIONED
         ):

@@ -117,7 +117,7 @@ def prepare(
     member = bool(chain or chord or group_id)
     if idem is None and spec.idempotent and not member:
         idem = derive_key(spec.idempotency_key, args, kwargs)
-    task_id = _placed(spec.name, task_id, idem, bool(chord))
+    task_id = _placed(spec.name, task_id, idem)
     return Envelope(
         id=task_id,
         workflow=group_id or (task_id if chain else ""),
@@ -138,33 +138,23 @@ def prepare(
     )
 
 
-def _placed(task: str, task_id: str | None, idem: str | None, unplaceable: bool) -> str:
+def _placed(task: str, task_id: str | None, idem: str | None) -> str:
     """The task's id: the caller's, or a fresh one. With partitions (docs/scaling.md),
     a fresh id is drawn in the partition of the task's idempotency claim, so that one
-    script stores both; a caller's id must already be there. A chain's step and a task
-    with ``link=`` or ``link_error=`` are placed as any task: their commit (their filing
-    in the DLQ) hands the next task over to its partition (store/handover.py).
+    script stores both; a caller's id must already be there. A workflow's task (a
+    chain's step, a chord's member, one with ``link=`` or ``link_error=``) is placed as
+    any task: its commit (its filing in the DLQ) hands what follows over to that task's
+    partition (store/handover.py).
 
     Raises:
         InvalidTaskId: a caller's id that breaks the id rule (``model.ids``).
-        ValueError: with partitions, a caller's id whose partition is not its claim's,
-            or a chord's member (``unplaceable``), whose commit counts the header and
-            creates the callback in one script, in any partition: no hand-over covers
-            it yet. A group's members are tasks of their own.
+        ValueError: with partitions, a caller's id whose partition is not its claim's.
     """
     if task_id is not None:
         ids.check_id(task_id)
     keys = KeySpace.of(config.current())
     if not keys.tagged:
         return task_id or uuid.uuid4().hex
-    if unplaceable:
-        raise ValueError(
-            f"{task}: chords are not supported on a partitioned store (RELIER['PARTITIONS'] "
-            "> 1 or RELIER['CLUSTER']) yet: a chord member's commit counts the header and "
-            "creates the callback in one script, and Celery draws the callback's id, in "
-            "any partition (docs/scaling.md); chains, groups, link= and link_error= are "
-            "supported"
-        )
     claim = keys.idempotency(task, idem) if idem is not None else None
     if task_id is None:
         return keys.new_id(near=claim)
@@ -330,7 +320,9 @@ class _Push:
             except BaseException:
                 idempotency.abort(self.keys, self.env, self.token).run(client)
                 raise
-        if self.env.chord:  # the header's last member stored: its state outlives waits
+        # The header's last member stored: its state outlives waits (on a partitioned
+        # store it keeps its TTL: docs/workflows.md#on-a-partitioned-store).
+        if self.env.chord and not self.keys.tagged:
             chords.seal(client, self.keys, str(self.env.chord["id"]), int(self.env.chord["index"]))
         return self.receipt()
 

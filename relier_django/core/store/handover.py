@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import scripts
+from . import chords, scripts
 from .keys import KeySpace
 
 logger = logging.getLogger(__name__)
@@ -60,11 +60,32 @@ class Handed:
         return [self.id, self.encoded, self.task, self.queue, self.max_resurrections]
 
 
-def record(tasks: Sequence[Handed], marker_ttl_ms: int) -> str:
-    """The hand-over record ``commit.lua`` stores: the tasks, and how long each
-    successor's marker is kept (at least its result's TTL, so that a late completion
-    never stores a successor that already ran)."""
-    return json.dumps({"ttl": marker_ttl_ms, "tasks": [t.as_json() for t in tasks]})
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A chord header member's commit, handed over to its chord's partition: the group
+    id, the member's index and result (JSON), and the callback, created by the member
+    that completes the header."""
+
+    group: str
+    index: int
+    result: str
+    callback: Handed
+
+
+def record(tasks: Sequence[Handed], marker_ttl_ms: int, member: Member | None = None) -> str:
+    """The hand-over record ``commit.lua`` stores: the tasks, how long each successor's
+    marker is kept (at least its result's TTL, so that a late completion never stores a
+    successor that already ran) and, for a chord's member, its place in the chord."""
+    body: dict[str, Any] = {"ttl": marker_ttl_ms, "tasks": [t.as_json() for t in tasks]}
+    if member is not None:
+        body["chord"] = [member.group, member.index, member.result, member.callback.as_json()]
+    return json.dumps(body)
+
+
+def callback_token(group_id: str) -> str:
+    """The token of the hand-over that creates a chord's callback, recorded in the
+    chord's partition by the member that completes the header (``chord_member.lua``)."""
+    return f"{group_id}:callback"
 
 
 def _forget(part: KeySpace, token: str) -> scripts.ScriptCall[int]:
@@ -91,14 +112,29 @@ def _calls(
 def complete(
     client: Any, keys: KeySpace, token: str, stored: str, part: KeySpace | None = None
 ) -> int:
-    """Store every successor of the hand-over ``token`` in its partition, then forget
-    the record, kept in ``part`` (default: the partition of the task id ``token``).
-    Safe to call any number of times, concurrently too. Returns how many successors
-    are stored by this hand-over (a replay counts them again)."""
+    """Store every successor of the hand-over ``token`` in its partition (a chord
+    member's result in its chord's, and the callback once the header is complete), then
+    forget the record, kept in ``part`` (default: the partition of the task id
+    ``token``). Safe to call any number of times, concurrently too. Returns how many
+    successors are stored by this hand-over (a replay counts them again)."""
     calls = _calls(keys, part or keys.of_task(token), token, stored)
     created = sum(call.run(client) for call in calls[:-1])
+    member = json.loads(stored).get("chord")
+    if member is not None:
+        created += _count_member(client, keys, token, member, int(json.loads(stored)["ttl"]))
     calls[-1].run(client)
     return created
+
+
+def _count_member(client: Any, keys: KeySpace, token: str, member: list[Any], ttl: int) -> int:
+    """A chord member's result counted in its chord's partition; the callback stored
+    in its own by the hand-over of the member that completed the header (run by
+    whoever completes this member's: the callback's is completed at most once more)."""
+    group, index, result, callback = member
+    args: list[scripts.Arg] = [token, index, result, chords.KEEP_MS,
+                               record([Handed(*callback)], ttl), callback_token(group)]  # fmt: skip
+    scripts.ScriptCall(scripts.CHORD_MEMBER, keys.for_chord_member(group), args, int).run(client)
+    return complete_recorded(client, keys, keys.of_task(group), callback_token(group))
 
 
 def complete_recorded(client: Any, keys: KeySpace, part: KeySpace, token: str) -> int:

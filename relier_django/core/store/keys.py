@@ -389,6 +389,10 @@ class KeySpace:
         return [p.expiry, p.task(task_id), p.result(task_id), p.handed(task_id),
                 p._counted()[0]]  # fmt: skip
 
+    def for_chord_member(self, group_id: str) -> list[str]:
+        p = self.of_task(group_id)
+        return [p.chord(group_id), p.handovers, p.handover_records]
+
     def for_handover_done(self) -> list[str]:
         """handover_done.lua's KEYS, asked of the partition that holds the record."""
         return [self.handovers, self.handover_records]

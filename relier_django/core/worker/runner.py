@@ -434,15 +434,16 @@ class Runner:
         completion that fails, or a death before it, is the scanner leader's sweep's."""
         client = sync_client(self.config)
         following: list[fencing.Successor | fencing.Linked] = [*action.links]
-        successor = self._successor(action, None)
-        if successor is not None:
+        successor, member = self._successor(action, None), None
+        if successor is not None and successor.chord is not None:
+            # A chord's member: its result goes to the chord's partition, and the
+            # callback with it, for the member that completes the header.
+            callback = _handed(successor)
+            member = handover.Member(successor.chord, successor.index, successor.result, callback)
+        elif successor is not None:
             following.insert(0, successor)
-        tasks = [
-            handover.Handed(t.env.id, t.encoded, t.env.task, t.env.queue, t.max_resurrections)
-            for t in following
-        ]
         marker_ttl_ms = max(self.result_ttl_ms, int(self.config.result_ttl_s * 1000))
-        stored = handover.record(tasks, marker_ttl_ms)
+        stored = handover.record([_handed(t) for t in following], marker_ttl_ms, member)
         crashpoint.cross(crashpoint.BEFORE_COMMIT, env.task)
         done = fencing.commit_handing_over(
             self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail, stored
@@ -458,6 +459,7 @@ class Runner:
                     "hand-over not completed, left to the scanner's sweep task_id=%s",
                     env.id, exc_info=True,
                 )  # fmt: skip
+        self._after_commit(env, done, client)
         return self._commit_ended(env, done, result)
 
     def _hand_errbacks_over(self, env: Envelope) -> None:
@@ -763,6 +765,11 @@ class Runner:
             held,
         )
         return Ended(Ending.REFUSED, task_id, detail=f"dead-letter refused (held {held})")
+
+
+def _handed(task: fencing.Successor | fencing.Linked) -> handover.Handed:
+    return handover.Handed(task.env.id, task.encoded, task.env.task, task.env.queue,
+                           task.max_resurrections)  # fmt: skip
 
 
 def _crossed_commit(env: Envelope, done: Transition) -> None:

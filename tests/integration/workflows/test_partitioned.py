@@ -14,19 +14,19 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from celery import chain
+from celery import chain, chord
 
 import relier_django
 from relier_django import dlq
 from relier_django.core.model import config
 from relier_django.core.model.envelope import Envelope
-from relier_django.core.push import producer
 from relier_django.core.store import handover
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from testproject.demo import tasks
 from testproject.harness import process_pointed_at, wait_until
 from tests.chaos.test_resurrection import FAST
+from tests.integration.workflows.test_chord import relier_backend  # noqa: F401 (a fixture)
 from tests.integration.workflows.test_link import fences, received
 from tests.leaks import assert_no_leaked_keys
 
@@ -135,12 +135,57 @@ def test_an_errback_of_a_task_the_scanner_files_is_handed_over_by_the_sweep(
     assert no_hand_over_left(redis_client, keys)
 
 
-def test_a_chord_member_is_still_refused_at_push(partitioned, redis_client):
-    spec = tasks.step_add.relier_spec
-    callback = {"task": "demo.step_sum", "id": "cb", "args": [], "kwargs": {}}
-    with pytest.raises(ValueError, match="chords are not supported"):
-        producer.prepare(spec, (1, 1), {}, chord={"id": "g", "index": 0, "callback": callback})
-    assert redis_client.dbsize() <= 1  # the layout record at most: nothing stored
+def test_a_chord_across_partitions_runs_its_callback_once_with_every_result_in_order(
+    relier_backend, pworker, partitioned, redis_client
+):
+    keys, add = partitioned, tasks.step_add
+    header = [add.s(i, 100).set(task_id=id_in(keys, i % 4)) for i in range(6)]
+    result = chord(header)(tasks.step_sum.s(1000).set(task_id=id_in(keys, 2)))
+    assert result.get(timeout=30) == 1000 + sum(range(100, 106))
+    assert received(redis_client, result.id) == [list(range(100, 106))]
+    assert fences(redis_client, result.id) == [1]  # the callback ran once
+    assert [fences(redis_client, m.id) for m in header] == [[1]] * 6
+    group = result.parent.id
+    # Stored by the hand-over of the member that completed the header.
+    assert redis_client.get(keys.handed(result.id)) == f"{group}:callback".encode()
+    assert not redis_client.exists(keys.chord(group))  # dropped after the callback
+    assert no_hand_over_left(redis_client, keys)
+    assert_no_leaked_keys(redis_client, keys)
+
+
+def _member_record(keys: KeySpace, group: str, index: int, callback: str) -> str:
+    env = Envelope(id=callback, task="demo.step_sum", header=group, fence=1)
+    handed = handover.Handed(callback, env.encode(), env.task, "", 5)
+    return handover.record([], 60_000, handover.Member(group, index, json.dumps(index), handed))
+
+
+def test_racing_completions_of_every_member_fire_the_chords_callback_once(
+    partitioned, redis_client
+):
+    keys = partitioned
+    group, callback = id_in(keys, 1), id_in(keys, 3)
+    members = [id_in(keys, k % 4) for k in range(4)]
+    redis_client.hset(keys.chord(group), "size", 4)  # as the producer writes it
+    records = [_member_record(keys, group, i, callback) for i in range(4)]
+    client = sync_client(config.current())
+    gate = threading.Barrier(8)
+
+    def complete(i: int) -> None:
+        gate.wait()  # each member's hand-over completed twice at once (worker, sweep)
+        handover.complete(client, keys, members[i % 4], records[i % 4])
+
+    threads = [threading.Thread(target=complete, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    part = keys.of_task(callback)
+    assert redis_client.hget(part.task(callback), "state") == b"scheduled"
+    assert redis_client.hget(part.metrics_counters, "pushed") == b"1"  # stored once
+    state = redis_client.hgetall(keys.chord(group))
+    assert state[b"fired"] in {m.encode() for m in members}
+    assert [json.loads(state[f"r:{i}".encode()]) for i in range(4)] == [0, 1, 2, 3]
+    assert no_hand_over_left(redis_client, keys)
 
 
 def _record_as_commit_would(client, keys: KeySpace, token: str, successor: str, at_ms: int):
