@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from celery import chain, group
+from celery import chain, chord, group
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
@@ -28,7 +28,7 @@ from relier_django.core.model.idem_key import derive_key
 from relier_django.core.model.rates import Rate
 from relier_django.core.observe import measurements
 from relier_django.core.observe.audit import audit
-from relier_django.core.push import admission, producer
+from relier_django.core.push import admission
 from relier_django.core.store.connection import close_loop_clients, sync_client
 from relier_django.core.store.keys import KeySpace, partition_tags
 from relier_django.dlq import release_entry
@@ -38,6 +38,7 @@ from testproject.demo import tasks
 from testproject.harness import CeleryWorker, RedisServer, process_pointed_at, wait_until
 from tests.cluster.stores import PARTITIONS, keys, relier_vars, store_env
 from tests.conftest import WorkerFactory
+from tests.integration.workflows.test_chord import relier_backend  # noqa: F401 (a fixture)
 from tests.leaks import assert_no_leaked_keys
 
 
@@ -215,7 +216,7 @@ def test_the_standalone_admission_check_counts_on_the_cluster(on_cluster: dict[s
     assert asyncio.run(three()) == [True, True, False]
 
 
-def test_a_group_runs_each_member_once_and_a_chord_member_is_refused(
+def test_a_group_runs_each_member_once(
     on_cluster: dict[str, str], cluster_worker: CeleryWorker, cluster_client: RedisCluster
 ) -> None:
     add = tasks.step_add
@@ -229,9 +230,6 @@ def test_a_group_runs_each_member_once_and_a_chord_member_is_refused(
     view = relier_django.workflow(result.id)
     assert view is not None and view.kind == "group"
     assert [s.task_id for s in view.steps] == ids
-    member = {"id": "g", "index": 0, "callback": {"task": "demo.step_sum", "id": "cb"}}
-    with pytest.raises(ValueError, match="chords are not supported"):
-        producer.prepare(add.relier_spec, (1, 1), {}, chord=member)
 
 
 def test_a_chain_and_its_links_across_every_master_run_each_step_once(
@@ -260,6 +258,19 @@ def test_a_chain_and_its_links_across_every_master_run_each_step_once(
     assert relier_django.result(errback).get(timeout=30)["label"] == failed.id
     assert sync_client(current()).get(space.handed(errback)) == f"{failed.id}:dead:1"
     assert not any(cluster_client.exists(p.handovers) for p in space.parts())
+
+
+def test_a_chord_across_every_master_runs_its_callback_once_with_every_result(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker, relier_backend: None
+) -> None:
+    # Each member's result handed over to the chord's partition (chord_member.lua),
+    # the callback to its own: a key of another slot would be CROSSSLOT here.
+    space, add = keys(), tasks.step_add
+    header = [add.s(k, 100).set(task_id=_id_in(space, k)) for k in range(PARTITIONS)]
+    callback = tasks.step_sum.s(1000).set(task_id=_id_in(space, 0))
+    result = chord(header)(callback)
+    assert result.get(timeout=60) == 1000 + sum(range(100, 100 + PARTITIONS))
+    assert all(len(runs(f"step:{i}")) == 1 for i in [*(m.id for m in header), result.id])
 
 
 def test_cancel_takes_back_a_scheduled_idempotent_task(
