@@ -260,8 +260,9 @@ def test_a_chain_and_its_links_across_every_master_run_each_step_once(
     assert not any(cluster_client.exists(p.handovers) for p in space.parts())
 
 
+@pytest.mark.usefixtures("relier_backend")
 def test_a_chord_across_every_master_runs_its_callback_once_with_every_result(
-    on_cluster: dict[str, str], cluster_worker: CeleryWorker, relier_backend: None
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker
 ) -> None:
     # Each member's result handed over to the chord's partition (chord_member.lua),
     # the callback to its own: a key of another slot would be CROSSSLOT here.

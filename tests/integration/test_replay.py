@@ -698,9 +698,8 @@ def chord_member_completed(cfg: config.Config, client: redis.Redis) -> Any:
     chords.set_size(client, keys, "replay-group", 2)
     client.hset(keys.chord("replay-group"), "r:0", "1")  # the other member's
     callback = Envelope(id="replay-cb", task="demo.step_sum", created_ms=1, header="replay-group")
-    member = handover.Member(
-        "replay-group", 1, "3", handover.Handed(callback.id, callback.encode(), callback.task, "", 3)
-    )
+    handed = handover.Handed(callback.id, callback.encode(), callback.task, "", 3)
+    member = handover.Member("replay-group", 1, "3", handed)
     stored = handover.record([], 60_000, member)
     record = outcome.succeeded(3, env.fence)
     done = fencing.commit_handing_over(keys, env, record, 60_000, False, stored).run(client)
@@ -925,8 +924,9 @@ def _layouts() -> list[Any]:
     """Every scenario on the plain layout and on a partitioned one (PARTITIONS > 1,
     docs/scaling.md: each key in its partition's slot, the absent keys named in it),
     except chains' and chords' as commit.lua creates them (a partitioned store hands
-    them over: commit+handover_record, handover_store, chord_member), and take.lua, which runs on an unpartitioned store
-    only (a worker on a partitioned one takes with take_inflight.lua, on the broker)."""
+    them over: commit+handover_record, handover_store, chord_member), and take.lua,
+    which runs on an unpartitioned store only (a worker on a partitioned one takes with
+    take_inflight.lua, on the broker)."""
     cases = []
     for name in [*_script_names(), *VARIANTS]:
         cases.append(pytest.param(name, 1, id=f"{name}-plain"))

@@ -135,8 +135,9 @@ def test_an_errback_of_a_task_the_scanner_files_is_handed_over_by_the_sweep(
     assert no_hand_over_left(redis_client, keys)
 
 
+@pytest.mark.usefixtures("relier_backend")
 def test_a_chord_across_partitions_runs_its_callback_once_with_every_result_in_order(
-    relier_backend, pworker, partitioned, redis_client
+    pworker, partitioned, redis_client
 ):
     keys, add = partitioned, tasks.step_add
     header = [add.s(i, 100).set(task_id=id_in(keys, i % 4)) for i in range(6)]
