@@ -1,7 +1,8 @@
-"""G1 and G13 across partitions: a chain step's pool process SIGKILLed right after its
-commit recorded the hand-over (crash point "after commit.lua") and before it stored the
-next step in that step's partition: the scanner leader's sweep completes the hand-over
-(store/handover.py), and every step still runs exactly once, in order.
+"""G1 and G13 across partitions: a chain step's (a chord member's) pool process
+SIGKILLed right after its commit recorded the hand-over (crash point "after
+commit.lua") and before it stored the next step in that step's partition (counted its
+result in the chord's): the scanner leader's sweep completes the hand-over
+(store/handover.py), and every step, and the chord's callback, still runs exactly once.
 
 A real prefork worker run through the crash-point launcher (relier_django.crashpoints),
 on a 4-partition store on the session's private Redis."""
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from celery import chain
+from celery import chain, chord
 
 import relier_django
 from relier_django.core import crashpoint
@@ -23,7 +24,8 @@ from relier_django.crashpoints.servers import CrashWorker
 from testproject.demo import tasks
 from testproject.harness import process_pointed_at, worker_env
 from tests.chaos.test_resurrection import FAST
-from tests.integration.workflows.test_link import fences
+from tests.integration.workflows.test_chord import relier_backend  # noqa: F401 (a fixture)
+from tests.integration.workflows.test_link import fences, received
 from tests.integration.workflows.test_partitioned import PARTITIONED, id_in, no_hand_over_left
 from tests.leaks import assert_no_leaked_keys
 
@@ -61,5 +63,26 @@ def test_a_step_killed_between_its_commit_and_its_hand_over_still_has_its_succes
     assert [fences(redis_client, i) for i in ids] == [[1]] * 3  # each step once
     # The second step was stored by the sweep, from the dead step's record.
     assert redis_client.get(keys.handed(ids[1])) == ids[0].encode()
+    assert no_hand_over_left(redis_client, keys)
+    assert_no_leaked_keys(redis_client, keys)
+
+
+@pytest.mark.usefixtures("relier_backend")
+def test_a_chord_member_killed_before_its_hand_over_still_completes_the_header_once(
+    crash_worker: CrashWorker, redis_client
+) -> None:
+    keys = KeySpace.of(config.current())
+    # The first member's crossings: 0 "before commit.lua", 1 "after commit.lua".
+    hook.arm(crash_worker.directory, "demo.step_add", 1)
+    header = [tasks.step_add.s(k, 10).set(task_id=id_in(keys, k)) for k in range(4)]
+    result = chord(header)(tasks.step_sum.s(0).set(task_id=id_in(keys, 1)))
+    assert result.get(timeout=60) == sum(range(10, 14))
+    assert not hook.disarm(crash_worker.directory)  # the arming fired
+    trace = hook.read_trace(crash_worker.directory)
+    killed = [c.boundary for c in trace if c.pid == trace[0].pid]
+    assert killed == [crashpoint.BEFORE_COMMIT, crashpoint.AFTER_COMMIT]  # died right there
+    assert received(redis_client, result.id) == [[10, 11, 12, 13]]
+    assert fences(redis_client, result.id) == [1]  # the callback once
+    assert [fences(redis_client, m.id) for m in header] == [[1]] * 4
     assert no_hand_over_left(redis_client, keys)
     assert_no_leaked_keys(redis_client, keys)
