@@ -1,16 +1,20 @@
 """Hand-overs: how a workflow step's commit brings about tasks in other partitions.
 
 On an unpartitioned store a step's commit creates its successor (a chain's next step,
-its ``link=`` callbacks) in the same script (``commit.lua``): no moment has the step
-done and the successor missing (G1 across a workflow, G13). On a partitioned store the
-successor's keys live in the partition of its own id, which Celery draws, and a Redis
-Cluster runs a script on one slot. So the commit records a *hand-over* in the step's
-own partition, atomically with the result: the successors' envelopes, under the step's
-id (the hand-over's token), indexed by the commit time. Then:
+its ``link=`` callbacks, a chord's callback once the header is complete) in the same
+script (``commit.lua``), as a filing in the DLQ creates its ``link_error=`` errbacks
+(``dead_letter.lua``): no moment has the step done and the successor missing (G1
+across a workflow, G13). On a partitioned store the successor's keys live in the
+partition of its own id, which Celery draws, and a Redis Cluster runs a script on one
+slot. So the commit records a *hand-over* in the step's own partition, atomically with
+the result: the successors' envelopes, under the step's id (the hand-over's token),
+indexed by the commit time. Then:
 
 1. the worker that committed completes it at once (:func:`complete`): each successor is
-   stored in its partition by ``handover_store.lua``, then ``handover_done.lua`` forgets
-   the record;
+   stored in its partition by ``handover_store.lua`` (a chord member's result is counted
+   in its chord's partition by ``chord_member.lua``, and the member that completes the
+   header records the callback's own hand-over there), then ``handover_done.lua``
+   forgets the record;
 2. if that worker died first (or its calls failed), the scanner leader's sweep
    (:func:`sweep`) completes every record older than :data:`GRACE_MS`, in each
    partition, the same way.
@@ -92,12 +96,9 @@ def _forget(part: KeySpace, token: str) -> scripts.ScriptCall[int]:
     return scripts.ScriptCall(scripts.HANDOVER_DONE, part.for_handover_done(), [token], int)
 
 
-def _calls(
-    keys: KeySpace, part: KeySpace, token: str, stored: str
-) -> list[scripts.ScriptCall[int]]:
-    """The calls that complete the hand-over ``token`` (its record ``stored``, kept in
-    ``part``): one store per successor, then the forget."""
-    body = json.loads(stored)
+def _stores(keys: KeySpace, token: str, body: dict[str, Any]) -> list[scripts.ScriptCall[int]]:
+    """The calls that store each successor of the hand-over ``token`` (its record's
+    ``body``), each in its partition."""
     calls = []
     for task_id, encoded, name, queue, maxres in body["tasks"]:
         args: list[scripts.Arg] = [task_id, encoded, name, queue, maxres, token,
@@ -105,7 +106,6 @@ def _calls(
         calls.append(
             scripts.ScriptCall(scripts.HANDOVER_STORE, keys.for_handover_store(task_id), args, int)
         )
-    calls.append(_forget(part, token))
     return calls
 
 
@@ -117,12 +117,11 @@ def complete(
     forget the record, kept in ``part`` (default: the partition of the task id
     ``token``). Safe to call any number of times, concurrently too. Returns how many
     successors are stored by this hand-over (a replay counts them again)."""
-    calls = _calls(keys, part or keys.of_task(token), token, stored)
-    created = sum(call.run(client) for call in calls[:-1])
-    member = json.loads(stored).get("chord")
-    if member is not None:
-        created += _count_member(client, keys, token, member, int(json.loads(stored)["ttl"]))
-    calls[-1].run(client)
+    body = json.loads(stored)
+    created = sum(call.run(client) for call in _stores(keys, token, body))
+    if body.get("chord") is not None:
+        created += _count_member(client, keys, token, body["chord"], int(body["ttl"]))
+    _forget(part or keys.of_task(token), token).run(client)
     return created
 
 
@@ -170,7 +169,13 @@ def sweep(client: Any, keys: KeySpace, now_ms: int, grace_ms: int = GRACE_MS) ->
                 # index entry, if any, is left to drop.
                 _forget(part, token).run(client)
                 continue
+            try:
+                complete(client, keys, token, _text(stored), part)
+            except (ValueError, TypeError, KeyError):
+                # Only a faulty writer makes one: kept for an operator, never blocking
+                # the records after it.
+                logger.error("unreadable hand-over record kept token=%s", token, exc_info=True)
+                continue
             logger.info("hand-over completed by the sweep token=%s", token)
-            complete(client, keys, token, _text(stored), part)
             done += 1
     return done

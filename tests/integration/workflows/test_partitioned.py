@@ -282,6 +282,20 @@ def test_the_sweep_completes_old_hand_overs_and_leaves_fresh_ones_to_their_worke
     assert handover.sweep(client, keys, now) == 0  # nothing old left
 
 
+def test_an_unreadable_record_is_kept_and_does_not_hold_up_the_sweep(partitioned, redis_client):
+    keys = partitioned
+    now = _now_ms(redis_client)
+    bad, good, good_next = id_in(keys, 0), id_in(keys, 0), id_in(keys, 1)
+    part = keys.of_task(bad)
+    redis_client.zadd(part.handovers, {bad: now - handover.GRACE_MS - 2})
+    redis_client.hset(part.handover_records, bad, "not json")
+    _record_as_commit_would(redis_client, keys, good, good_next, now - handover.GRACE_MS - 1)
+    client = sync_client(config.current())
+    assert handover.sweep(client, keys, now) == 1
+    assert redis_client.hget(keys.task(good_next), "state") == b"scheduled"
+    assert redis_client.hget(part.handover_records, bad) == b"not json"  # for an operator
+
+
 def test_a_swept_successor_is_dispatched_and_runs_once(pworker, partitioned, redis_client):
     keys = partitioned
     token, successor = id_in(keys, 0), id_in(keys, 2)
