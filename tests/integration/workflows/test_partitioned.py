@@ -82,6 +82,28 @@ def test_an_async_step_hands_its_successor_over_too(pworker, partitioned, redis_
     assert no_hand_over_left(redis_client, keys)
 
 
+def test_a_broken_step_waits_in_the_dlq_and_its_release_resumes_the_chain(
+    pworker, partitioned, redis_client
+):
+    keys, add = partitioned, tasks.step_add
+    redis_client.set("demo:broken:3", 1)
+    first, middle, last = id_in(keys, 0), id_in(keys, 1), id_in(keys, 2)
+    chain(add.s(1, 2).set(task_id=first), add.s(3).set(task_id=middle),
+          add.s(4).set(task_id=last)).apply_async()  # fmt: skip
+    wait_until(lambda: dlq.store().get(middle), 30, what="the broken step in the DLQ")
+    view = relier_django.workflow(first)
+    assert view is not None and [s.task_id for s in view.steps] == [first, middle, last]
+    assert [s.status.state for s in view.steps] == ["SUCCESS", "FAILURE", "PENDING"]
+    redis_client.delete("demo:broken:3")
+    dlq.release_entry(middle)
+    assert relier_django.result(last).get(timeout=30) == 10
+    assert [fences(redis_client, i) for i in (first, last)] == [[1], [1]]
+    assert redis_client.get(keys.handed(last)) == middle.encode()
+    view = relier_django.workflow(first)
+    assert view is not None and view.state == "SUCCESS" and len(view.done) == 3
+    assert no_hand_over_left(redis_client, keys)
+
+
 def test_links_in_other_partitions_run_once_with_the_parents_result(
     pworker, partitioned, redis_client
 ):
