@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from celery import chain, group
+from celery import chain, chord, group
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
@@ -38,6 +38,7 @@ from testproject.demo import tasks
 from testproject.harness import CeleryWorker, RedisServer, process_pointed_at, wait_until
 from tests.cluster.stores import PARTITIONS, keys, relier_vars, store_env
 from tests.conftest import WorkerFactory
+from tests.integration.workflows.test_chord import relier_backend  # noqa: F401 (a fixture)
 from tests.leaks import assert_no_leaked_keys
 
 
@@ -215,7 +216,7 @@ def test_the_standalone_admission_check_counts_on_the_cluster(on_cluster: dict[s
     assert asyncio.run(three()) == [True, True, False]
 
 
-def test_a_group_runs_each_member_once_and_a_chain_is_refused(
+def test_a_group_runs_each_member_once(
     on_cluster: dict[str, str], cluster_worker: CeleryWorker, cluster_client: RedisCluster
 ) -> None:
     add = tasks.step_add
@@ -229,8 +230,48 @@ def test_a_group_runs_each_member_once_and_a_chain_is_refused(
     view = relier_django.workflow(result.id)
     assert view is not None and view.kind == "group"
     assert [s.task_id for s in view.steps] == ids
-    with pytest.raises(ValueError, match="chains, chords and links are not supported"):
-        chain(add.s(1, 1), add.s(1)).apply_async()
+
+
+def test_a_chain_and_its_links_across_every_master_run_each_step_once(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker, cluster_client: RedisCluster
+) -> None:
+    # Each step's commit hands its successor over to the successor's partition
+    # (store/handover.py): a key of another slot in any script would be CROSSSLOT here.
+    space, add = keys(), tasks.step_add
+    ids = [_id_in(space, k) for k in (0, 2, 4, 1)]  # a partition on each master, and back
+    link_id = _id_in(space, 5)
+    steps = [add.s(1, 1).set(task_id=ids[0])]
+    steps += [add.s(10**k).set(task_id=ids[k]) for k in range(1, 4)]
+    chain(*steps).apply_async()
+    parent = add.apply_async((1, 2), task_id=_id_in(space, 3),
+                             link=add.s(1000).set(task_id=link_id))  # fmt: skip
+    assert relier_django.result(ids[-1]).get(timeout=60) == 1112
+    assert relier_django.result(link_id).get(timeout=30) == 1003
+    assert all(len(runs(f"step:{i}")) == 1 for i in [*ids, parent.id, link_id])
+    handed = [space.handed(i) for i in [*ids[1:], link_id]]
+    assert [sync_client(current()).get(k) for k in handed] == [*ids[:-1], parent.id]
+    # An errback (link_error=) of a task filed in the DLQ, handed over the same way.
+    cluster_client.set("demo:broken:98", 1)
+    errback = _id_in(space, 4)
+    failed = add.apply_async((1, 98), task_id=_id_in(space, 1),
+                             link_error=tasks.sync_record.s().set(task_id=errback))  # fmt: skip
+    assert relier_django.result(errback).get(timeout=30)["label"] == failed.id
+    assert sync_client(current()).get(space.handed(errback)) == f"{failed.id}:dead:1"
+    assert not any(cluster_client.exists(p.handovers) for p in space.parts())
+
+
+@pytest.mark.usefixtures("relier_backend")
+def test_a_chord_across_every_master_runs_its_callback_once_with_every_result(
+    on_cluster: dict[str, str], cluster_worker: CeleryWorker
+) -> None:
+    # Each member's result handed over to the chord's partition (chord_member.lua),
+    # the callback to its own: a key of another slot would be CROSSSLOT here.
+    space, add = keys(), tasks.step_add
+    header = [add.s(k, 100).set(task_id=_id_in(space, k)) for k in range(PARTITIONS)]
+    callback = tasks.step_sum.s(1000).set(task_id=_id_in(space, 0))
+    result = chord(header)(callback)
+    assert result.get(timeout=60) == 1000 + sum(range(100, 100 + PARTITIONS))
+    assert all(len(runs(f"step:{i}")) == 1 for i in [*(m.id for m in header), result.id])
 
 
 def test_cancel_takes_back_a_scheduled_idempotent_task(

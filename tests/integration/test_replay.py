@@ -52,7 +52,7 @@ from relier_django.core.push import admission, idempotency, producer
 from relier_django.core.recovery import deaths
 from relier_django.core.schedule import periodic
 from relier_django.core.store import cancel as store_cancel
-from relier_django.core.store import checkpoint, chords, scripts
+from relier_django.core.store import checkpoint, chords, handover, scripts
 from relier_django.core.store import progress as store_progress
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
@@ -540,13 +540,17 @@ def _with_errback() -> Any:
 
 
 def dead_letter_link_error(cfg: config.Config, client: redis.Redis) -> Any:
-    """A filing in the DLQ creates the task's errback (link_error=), given its id, once."""
+    """A filing in the DLQ creates the task's errback (link_error=), given its id, once;
+    on a partitioned store it records a hand-over, completed after (store/handover.py)."""
     env = _with_errback()
     keys = _keys(cfg)
     assert idempotency.store(keys, env, env.encode(), 60_000, 3, token="p").run(client).stored
     assert fencing.start(keys, env, "w1@host:1", 30_000).run(client).started
     failure = Failure(Reason.EXCEPTION, "ValueError", "boom", worker="w1@host:1")
     done = dlq.dead_letter(keys, failure, 60_000, env=env, now_ms=1).run(client)
+    if keys.tagged:
+        token = dlq.errback_token(env)
+        assert handover.complete_recorded(client, keys, keys.of_task(env.id), token) == 1
     errback = decode(client.hget(keys.task("replay-eb"), "env"))
     assert (errback.args, client.hget(keys.task("replay-eb"), "maxres")) == ((TASK_ID,), "2")
     return done
@@ -692,6 +696,46 @@ def ratelimit_(cfg: config.Config, client: redis.Redis) -> Any:
     return call.run(sync_client(cfg, fail_fast=True))
 
 
+def _handover_record() -> str:
+    nxt = Envelope(id="replay-next", task="demo.step_add", args=(3, 4), created_ms=1)
+    return handover.record([handover.Handed(nxt.id, nxt.encode(), nxt.task, "", 3)], 60_000)
+
+
+def commit_handover_record(cfg: config.Config, client: redis.Redis) -> Any:
+    """A partitioned store's chain step: its commit records a hand-over instead of
+    storing the next step (store/handover.py); run on the plain layout too."""
+    env = _started(cfg, client)
+    record = outcome.succeeded(3, env.fence)
+    return fencing.commit_handing_over(
+        _keys(cfg), env, record, 60_000, False, _handover_record()
+    ).run(client)
+
+
+def chord_member_completed(cfg: config.Config, client: redis.Redis) -> Any:
+    """A partitioned store's chord member that completes the header: its commit records
+    a hand-over, whose completion counts its result in the chord's partition
+    (chord_member.lua) and stores the callback (store/handover.py)."""
+    env = _started(cfg, client)
+    keys = _keys(cfg)
+    chords.set_size(client, keys, "replay-group", 2)
+    client.hset(keys.chord("replay-group"), "r:0", "1")  # the other member's
+    callback = Envelope(id="replay-cb", task="demo.step_sum", created_ms=1, header="replay-group")
+    handed = handover.Handed(callback.id, callback.encode(), callback.task, "", 3)
+    member = handover.Member("replay-group", 1, "3", handed)
+    stored = handover.record([], 60_000, member)
+    record = outcome.succeeded(3, env.fence)
+    done = fencing.commit_handing_over(keys, env, record, 60_000, False, stored).run(client)
+    assert done.accepted
+    return handover.complete(client, keys, TASK_ID, stored)
+
+
+def handover_completed(cfg: config.Config, client: redis.Redis) -> Any:
+    """The hand-over completed after its commit: the next step stored in its partition
+    (handover_store.lua), then the record forgotten (handover_done.lua)."""
+    assert commit_handover_record(cfg, client).accepted
+    return handover.complete(client, _keys(cfg), TASK_ID, _handover_record())
+
+
 CASES: dict[str, Case] = {
     "push": Case(push),
     "abort": Case(abort),
@@ -727,6 +771,9 @@ CASES: dict[str, Case] = {
     "admit": Case(admit, replayed=False),
     "ratelimit": Case(ratelimit_, replayed=False),
     "adopt": Case(adopt),
+    "handover_store": Case(handover_completed),
+    "handover_done": Case(handover_completed),
+    "chord_member": Case(chord_member_completed),
 }
 
 
@@ -746,6 +793,7 @@ VARIANTS: dict[str, tuple[str, Case]] = {
     "dead_letter+hands_over": ("dead_letter", Case(dead_letter_hands_over)),
     "release+gated": ("release", Case(release_gated)),
     "commit+link": ("commit", Case(commit_link)),
+    "commit+handover_record": ("commit", Case(commit_handover_record)),
     "dead_letter+link_error": ("dead_letter", Case(dead_letter_link_error)),
     "cancel+parked": ("cancel", Case(cancel_parked)),
     "push+debounce": ("push", Case(push_debounced, setup_runs=1)),
@@ -762,8 +810,9 @@ _UNPARTITIONED = {"push+slot", "push+parked", "schedule_take+gate", "schedule_ta
                   "schedule_take+waits_rate", "commit+hands_over", "commit+gated_successor",
                   "dead_letter+hands_over", "release+gated", "cancel+parked", "push+debounce",
                   "push+superseded", "schedule_take+debounce",
-                  # Links too: a partitioned store refuses them at push, as chains.
-                  "commit+link", "dead_letter+link_error"}  # fmt: skip
+                  # Links as commit.lua creates them: a partitioned store hands them
+                  # over (commit+handover_record; errbacks: dead_letter+link_error).
+                  "commit+link"}  # fmt: skip
 
 
 def _script_names() -> list[str]:
@@ -897,15 +946,15 @@ def test_every_script_has_a_replay_scenario() -> None:
 def _layouts() -> list[Any]:
     """Every scenario on the plain layout and on a partitioned one (PARTITIONS > 1,
     docs/scaling.md: each key in its partition's slot, the absent keys named in it),
-    except chains' and chords', which a partitioned store refuses at push
-    (tests/unit/test_partitions.py), and take.lua, which runs on an unpartitioned store
-    only (a worker on a partitioned one takes with take_inflight.lua, on the broker)."""
+    except chains' and chords' as commit.lua creates them (a partitioned store hands
+    them over: commit+handover_record, handover_store, chord_member), and take.lua,
+    which runs on an unpartitioned store only (a worker on a partitioned one takes with
+    take_inflight.lua, on the broker)."""
     cases = []
     for name in [*_script_names(), *VARIANTS]:
         cases.append(pytest.param(name, 1, id=f"{name}-plain"))
         if (
-            "chain" not in name
-            and "chord" not in name
+            name not in ("commit+chain", "commit+chord")
             and name != "take"
             and name not in _UNPARTITIONED
         ):

@@ -107,7 +107,7 @@ def test_a_per_partition_index_is_never_asked_of_the_whole() -> None:
     assert keys.partition_of_key(keys.at(4).expiry) == 4
 
 
-def test_a_push_draws_its_id_in_its_claims_partition_and_refuses_a_chain_step(
+def test_a_push_draws_its_id_in_its_claims_partition_and_places_a_workflows_task_as_any(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cfg = Config(partitions=6)
@@ -115,14 +115,15 @@ def test_a_push_draws_its_id_in_its_claims_partition_and_refuses_a_chain_step(
     keys = KeySpace.of(cfg)
     claim = keys.idempotency("shop.charge", "order-1")
     for _ in range(20):
-        drawn = producer._placed("shop.charge", None, "order-1", False)
+        drawn = producer._placed("shop.charge", None, "order-1")
         assert keys.partition_of(drawn) == keys.partition_of_key(claim)
     wrong = next(f"id-{n}" for n in range(100)
                  if keys.partition_of(f"id-{n}") != keys.partition_of_key(claim))  # fmt: skip
     with pytest.raises(ValueError, match="different partitions"):
-        producer._placed("shop.charge", wrong, "order-1", False)
-    with pytest.raises(ValueError, match="chains, chords and links are not supported"):
-        producer._placed("shop.charge", None, None, True)
+        producer._placed("shop.charge", wrong, "order-1")
+    # A workflow's task (a chain's step, a chord's member, a task with links) is placed
+    # as any task: what follows it is handed over (store/handover.py).
+    assert producer._placed("shop.charge", "celery-drawn", None) == "celery-drawn"
 
 
 def test_a_debounced_push_is_refused_on_a_partitioned_store() -> None:

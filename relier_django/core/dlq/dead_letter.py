@@ -21,7 +21,7 @@ from ..model.envelope import Envelope
 from ..model.failure import Failure, entry_json
 from ..model.signing import Signer
 from ..model.transition import Transition, history_tail, parse_transition
-from ..store import scripts
+from ..store import handover, scripts
 from ..store.keys import KeySpace
 
 logger = logging.getLogger(__name__)
@@ -117,9 +117,20 @@ def dead_letter(
         worker=failure.worker,
     )
     errbacks = _errbacks(env, signer, now_ms) if env is not None else []
+    tail_args: list[scripts.Arg] = []
+    if errbacks and keys.tagged and env is not None:
+        # A partitioned store: the errbacks live in other partitions (store/handover.py).
+        handed = [_handed(eb) for eb in errbacks]
+        script_keys = keys.for_dead_letter_handing_over(task_id, idem)
+        tail_args = [0, handover.record(handed, result_ttl_ms), errback_token(env)]
+    else:
+        ids = [str(eb[0]) for eb in errbacks]
+        script_keys = keys.for_dead_letter(task_id, entry_id, idem, ids)
+        if errbacks:
+            tail_args = [len(errbacks), *(arg for eb in errbacks for arg in eb)]
     return scripts.ScriptCall(
         scripts.DEAD_LETTER,
-        keys.for_dead_letter(task_id, entry_id, idem, [str(eb[0]) for eb in errbacks]),
+        script_keys,
         [
             task_id,
             fence,
@@ -135,10 +146,24 @@ def dead_letter(
             held,
             uuid.uuid4().hex,
             str(env.chord.get("id", "")) if env is not None and env.chord else "",
-            *([len(errbacks)] + [arg for eb in errbacks for arg in eb] if errbacks else []),
+            *tail_args,
         ],
         _told(told),
     )
+
+
+def _handed(errback: list[scripts.Arg]) -> handover.Handed:
+    # An errback as _errbacks gives it, as a hand-over names it (errbacks are ungated).
+    task_id, encoded, task, queue, limit, _gate = errback
+    return handover.Handed(str(task_id), str(encoded), str(task), str(queue),
+                           limit if isinstance(limit, int) else str(limit))  # fmt: skip
+
+
+def errback_token(env: Envelope) -> str:
+    """The token of the hand-over that brings about ``env``'s errbacks on a partitioned
+    store: one per filing (a released task filed again records a new one), held in the
+    partition of ``env.id``."""
+    return f"{env.id}:dead:{env.fence}"
 
 
 def _errbacks(env: Envelope, signer: Signer | None, now_ms: int | None) -> list[list[scripts.Arg]]:

@@ -316,11 +316,15 @@ class DeadLetterStore:
                 args += [entry_id, "" if fence is None else fence]
             args.append(chords.KEEP_MS)
             # A chord member's chord, whose state the script gives a TTL back: the
-            # field is written once, when the entry is filed.
-            pipe = self.client.pipeline(transaction=False)
-            for entry_id in ids:
-                pipe.hget(part.dlq_entry(entry_id), "chord")
-            groups = [str(g) if g else None for g in pipe.execute()]
+            # field is written once, when the entry is filed. On a partitioned store a
+            # chord's state always keeps its TTL (never sealed), and lives in another
+            # partition: nothing to give back.
+            groups: list[str | None] = [None] * len(ids)
+            if not self.keys.tagged:
+                pipe = self.client.pipeline(transaction=False)
+                for entry_id in ids:
+                    pipe.hget(part.dlq_entry(entry_id), "chord")
+                groups = [str(g) if g else None for g in pipe.execute()]
             token = uuid.uuid4().hex
             keys = part.for_dlq_delete(ids, token, groups)
             replies = scripts.DLQ_DELETE.run(self.client, keys, args)

@@ -2,7 +2,8 @@
 time range, each explained by what the store holds for it now.
 
 ``push.lua`` (every push: ``push()``, the outbox relay, periodic ticks, DLQ-free
-re-pushes) and ``commit.lua`` (a workflow's next step) note each task they store in its
+re-pushes), ``commit.lua`` (a workflow's next step) and ``handover_store.lua`` (a task a
+partitioned store's hand-over brings about) note each task they store in its
 partition's ledger (``<p>:ledger``, a stream trimmed to ``AUDIT_HORIZON_S``); ``abort.lua``
 takes the note back when it undoes a store because the push raised. The audit reads
 the notes and puts each id in one class, from one consistent reading (``MULTI``) of

@@ -119,7 +119,7 @@ def prepare(
     member = bool(chain or chord or group_id)
     if idem is None and spec.idempotent and not member:
         idem = derive_key(spec.idempotency_key, args, kwargs)
-    task_id = _placed(spec.name, task_id, idem, bool(chain or chord or link or link_error))
+    task_id = _placed(spec.name, task_id, idem)
     return Envelope(
         id=task_id,
         workflow=group_id or (task_id if chain else ""),
@@ -142,29 +142,23 @@ def prepare(
     )
 
 
-def _placed(task: str, task_id: str | None, idem: str | None, in_workflow: bool) -> str:
+def _placed(task: str, task_id: str | None, idem: str | None) -> str:
     """The task's id: the caller's, or a fresh one. With partitions (docs/scaling.md),
     a fresh id is drawn in the partition of the task's idempotency claim, so that one
-    script stores both; a caller's id must already be there.
+    script stores both; a caller's id must already be there. A workflow's task (a
+    chain's step, a chord's member, one with ``link=`` or ``link_error=``) is placed as
+    any task: its commit (its filing in the DLQ) hands what follows over to that task's
+    partition (store/handover.py).
 
     Raises:
         InvalidTaskId: a caller's id that breaks the id rule (``model.ids``).
-        ValueError: with partitions, a caller's id whose partition is not its claim's,
-            or a step of a chain or a chord, whose commit creates the next task (Celery
-            names it, in any partition). A group's members are tasks of their own.
+        ValueError: with partitions, a caller's id whose partition is not its claim's.
     """
     if task_id is not None:
         ids.check_id(task_id)
     keys = KeySpace.of(config.current())
     if not keys.tagged:
         return task_id or uuid.uuid4().hex
-    if in_workflow:
-        raise ValueError(
-            f"{task}: chains, chords and links are not supported on a partitioned store "
-            "(RELIER['PARTITIONS'] > 1 or RELIER['CLUSTER']) yet: a step's commit creates "
-            "the next task in one script, and Celery draws that task's id, in any "
-            "partition (docs/scaling.md); groups are"
-        )
     claim = keys.idempotency(task, idem) if idem is not None else None
     if task_id is None:
         return keys.new_id(near=claim)
@@ -331,7 +325,9 @@ class _Push:
             except BaseException:
                 idempotency.abort(self.keys, self.env, self.token).run(client)
                 raise
-        if self.env.chord:  # the header's last member stored: its state outlives waits
+        # The header's last member stored: its state outlives waits (on a partitioned
+        # store it keeps its TTL: docs/workflows.md#on-a-partitioned-store).
+        if self.env.chord and not self.keys.tagged:
             chords.seal(client, self.keys, str(self.env.chord["id"]), int(self.env.chord["index"]))
         return self.receipt()
 

@@ -23,7 +23,7 @@ import redis
 from ..model.config import Config
 from ..schedule import periodic
 from ..schedule.dispatch import Dispatcher
-from ..store import liveness, scripts
+from ..store import handover, liveness, scripts
 from ..store.connection import home_client, refresh_home
 from . import deaths, inflight
 from .resurrector import PassReport, Resurrector
@@ -116,6 +116,8 @@ class Scanner:
         if not leads:
             return None
         report = self.resurrector.run_pass()
+        if self.resurrector.keys.tagged:
+            self._guarded(self._sweep_handovers, "hand-over sweep")
         for name, duty in self.duties:
             self._guarded(duty, name)
         return report
@@ -226,6 +228,12 @@ class Scanner:
                 "could not put back the messages taken by dead worker(s) %s", workers,
                 exc_info=True,
             )  # fmt: skip
+
+    def _sweep_handovers(self) -> int:
+        # Partitioned stores only: the hand-overs a worker did not complete after its
+        # commit (it died, or its calls failed), store/handover.py.
+        return handover.sweep(self.resurrector.client, self.resurrector.keys,
+                              self.deaths.clock.now_ms())  # fmt: skip
 
     def _newly_due(self) -> bool:
         """True when a deadline passed since the last check (a hand-off, a TTL)."""

@@ -50,6 +50,9 @@ exactly the unpartitioned one: ``<p>`` is the prefix.
 | ``<p>:holders``             | set    | ids of processes holding a liveness connection          |
 | ``<p>:layout``              | string | '<partitions>:tagged|plain', by the first worker; no TTL |
 | ``<p>:ledger``              | stream | the delivery ledger (relier_audit): trimmed, TTL horizon |
+| ``<p>:ho``                  | zset   | hand-overs: committed id -> commit time (ms); empties   |
+| ``<p>:ho:e``                | hash   | hand-overs: committed id -> its successors; empties     |
+| ``<p>:hd:{id}``             | string | a successor a hand-over stored -> its token; TTL        |
 """
 
 from __future__ import annotations
@@ -355,6 +358,45 @@ class KeySpace:
         # (_ledger.lua), so the two must stay side by side.
         return f"{self._whole('ledger').prefix}:ledger"
 
+    # Hand-overs (store/handover.py): on a partitioned store a step's commit records
+    # the tasks it brings about in its own partition; they are stored in theirs after.
+    @property
+    def handovers(self) -> str:
+        return f"{self._whole('handovers').prefix}:ho"
+
+    @property
+    def handover_records(self) -> str:
+        return f"{self._whole('handover_records').prefix}:ho:e"
+
+    def handed(self, task_id: str) -> str:
+        # A successor a hand-over stored, by the hand-over's token: a second completion
+        # (a sweep racing the worker, a replay) finds it and stores nothing.
+        return f"{self._in(task_id)}:hd:{{{task_id}}}"
+
+    def for_commit_handing_over(
+        self, task_id: str, idem_key: str | None, keep_trail: bool = False
+    ) -> list[str]:
+        """commit.lua's KEYS for a commit that records a hand-over (no successor, no
+        callback created here): KEYS[14] and KEYS[15] the hand-over index and records."""
+        p = self._with(task_id, idem_key)
+        none = p.absent
+        return [p.task(task_id), p.history(task_id), p.expiry, p.result(task_id),
+                *p._counted(), idem_key or none, p.trail(task_id) if keep_trail else none,
+                *[none] * 5, p.handovers, p.handover_records]  # fmt: skip
+
+    def for_handover_store(self, task_id: str) -> list[str]:
+        p = self.of_task(task_id)
+        return [p.expiry, p.task(task_id), p.result(task_id), p.handed(task_id),
+                p._counted()[0]]  # fmt: skip
+
+    def for_chord_member(self, group_id: str) -> list[str]:
+        p = self.of_task(group_id)
+        return [p.chord(group_id), p.handovers, p.handover_records]
+
+    def for_handover_done(self) -> list[str]:
+        """handover_done.lua's KEYS, asked of the partition that holds the record."""
+        return [self.handovers, self.handover_records]
+
     @property
     def metrics_counters(self) -> str:
         return f"{self._whole('metrics_counters').prefix}:m"
@@ -409,6 +451,7 @@ class KeySpace:
             self._pattern("lim_rates"),  # expires with the last reservation
             self._pattern("db:*"),  # a debounce record left by a cancel (push.lua)
             self._pattern("ledger"),  # the delivery ledger: TTL one horizon (_ledger.lua)
+            self._pattern("hd:*"),  # a hand-over's marker on its successor (handover_store.lua)
         )
 
     def owned_patterns(self) -> tuple[str, ...]:
@@ -666,6 +709,13 @@ class KeySpace:
             return [*keys, idem_key or p.absent,
                     *(key for eb in errbacks for key in (p.task(eb), p.result(eb)))]  # fmt: skip
         return [*keys, idem_key] if idem_key else keys
+
+    def for_dead_letter_handing_over(self, task_id: str, idem_key: str | None) -> list[str]:
+        """dead_letter.lua's KEYS for a filing that records its errbacks as a hand-over
+        (a partitioned store): KEYS[12] and KEYS[13] the hand-over index and records."""
+        p = self._with(task_id, idem_key)
+        return [*self.for_dead_letter(task_id, task_id, None), idem_key or p.absent,
+                p.handovers, p.handover_records]  # fmt: skip
 
     def for_dlq_delete(
         self, entry_ids: Iterable[str], token: str, chords: Sequence[str | None] = ()

@@ -179,6 +179,9 @@ LOCK_ACQUIRE = _load("lock_acquire")  # extras.lock
 LOCK_EXTEND = _load("lock_extend")  # extras.lock
 LOCK_RELEASE = _load("lock_release")  # extras.lock
 RATELIMIT = _load("ratelimit")  # extras.ratelimit: one hit on a view's limiter
+HANDOVER_STORE = _load("handover_store")  # store.handover: a successor in its partition
+HANDOVER_DONE = _load("handover_done")  # store.handover: forget a completed hand-over
+CHORD_MEMBER = _load("chord_member")  # store.handover: a member's result, in its chord's partition
 
 OWNERS: dict[LuaScript, str] = {
     PUSH: "push.idempotency", ABORT: "push.idempotency", ADMIT: "push.admission",
@@ -195,6 +198,8 @@ OWNERS: dict[LuaScript, str] = {
     RESTORE_INFLIGHT: "recovery.inflight", ORPHANS: "recovery.deaths",
     SCHEDULE_TAKE: "schedule.dispatch", SCHEDULE_SENT: "schedule.dispatch",
     CANCEL: "store.cancel", ADOPT: "worker.adoption",
+    HANDOVER_STORE: "store.handover", HANDOVER_DONE: "store.handover",
+    CHORD_MEMBER: "store.handover",
 }  # fmt: skip
 
 ALL: tuple[LuaScript, ...] = tuple(OWNERS)

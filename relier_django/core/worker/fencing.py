@@ -183,6 +183,27 @@ def commit(
     )
 
 
+def commit_handing_over(
+    keys: KeySpace,
+    env: Envelope,
+    record: str,
+    result_ttl_ms: int,
+    keep_trail: bool,
+    handover: str,
+) -> scripts.ScriptCall[Transition]:
+    """commit.lua on a partitioned store for a step that brings about other tasks:
+    it creates none, and records ``handover`` (``store.handover.record``) with the
+    result instead, for the caller (or the scanner leader's sweep) to complete."""
+    idem = keys.idempotency(env.task, env.idem_key) if env.idem_key else None
+    args: list[scripts.Arg] = [env.id, env.fence, record, result_ttl_ms]
+    args += [""] * 11  # ARGV[5..15]: no successor created here
+    args += [0, keys.ledger_ms or "", handover]  # ARGV[16..18]: no callbacks either
+    return scripts.ScriptCall(
+        scripts.COMMIT, keys.for_commit_handing_over(env.id, idem, keep_trail), args,
+        parse_transition,
+    )  # fmt: skip
+
+
 def _commit_linked(
     keys: KeySpace, env: Envelope, idem: str | None, args: list[scripts.Arg],
     keep_trail: bool, successor: Successor | None, links: Sequence[Linked],

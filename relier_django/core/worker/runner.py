@@ -41,7 +41,7 @@ from ..model.request import Request, RetryPolicy
 from ..model.schema import Call, SchemaMismatch
 from ..model.spec import TaskSpec
 from ..model.transition import Transition
-from ..store import checkpoint, chords, event_loop, liveness
+from ..store import checkpoint, chords, event_loop, handover, liveness
 from ..store.connection import async_client, sync_client
 from ..store.keys import KeySpace
 from ..store.scripts import ScriptCall
@@ -197,6 +197,8 @@ class Runner:
         finally:
             beats.remove(env.id, env.fence)
         action = self._outcome(spec, env, ctx, result, error)
+        if isinstance(action, _Commit) and self._hands_over(action):
+            return self._handing_over(spec, env, action, result)
         if isinstance(action, _Commit):  # the common case: no crossing to the loop
             client = sync_client(self.config)
             message = None
@@ -424,6 +426,55 @@ class Runner:
             following.chord, following.index, outcome.result_json(action.record), action.gate,
         )  # fmt: skip
 
+    def _hands_over(self, action: _Commit) -> bool:
+        # A partitioned store: what the commit brings about lives in other partitions.
+        return self.keys.tagged and (action.following is not None or bool(action.links))
+
+    def _handing_over(self, spec: TaskSpec, env: Envelope, action: _Commit, result: Any) -> Ended:
+        """Commit with a hand-over record, then complete it (store/handover.py). A
+        completion that fails, or a death before it, is the scanner leader's sweep's."""
+        client = sync_client(self.config)
+        following: list[fencing.Successor | fencing.Linked] = [*action.links]
+        successor, member = self._successor(action, None), None
+        if successor is not None and successor.chord is not None:
+            # A chord's member: its result goes to the chord's partition, and the
+            # callback with it, for the member that completes the header.
+            callback = _handed(successor)
+            member = handover.Member(successor.chord, successor.index, successor.result, callback)
+        elif successor is not None:
+            following.insert(0, successor)
+        marker_ttl_ms = max(self.result_ttl_ms, int(self.config.result_ttl_s * 1000))
+        stored = handover.record([_handed(t) for t in following], marker_ttl_ms, member)
+        crashpoint.cross(crashpoint.BEFORE_COMMIT, env.task)
+        done = fencing.commit_handing_over(
+            self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail, stored
+        ).run(client)
+        _crossed_commit(env, done)
+        if self._committed(env, done):
+            if self.config.checkpoint_dir is not None:
+                checkpoint.remove_files(self.config.checkpoint_dir, env.id)
+            try:
+                handover.complete(client, self.keys, env.id, stored)
+            except Exception:
+                logger.warning(
+                    "hand-over not completed, left to the scanner's sweep task_id=%s",
+                    env.id, exc_info=True,
+                )  # fmt: skip
+        self._after_commit(env, done, client)
+        return self._commit_ended(env, done, result)
+
+    def _hand_errbacks_over(self, env: Envelope) -> None:
+        # The errbacks a partitioned store's filing recorded (dead_letter.lua): stored
+        # now, or by the scanner's sweep if this fails (store/handover.py).
+        try:
+            part, token = self.keys.of_task(env.id), dlq.errback_token(env)
+            handover.complete_recorded(sync_client(self.config), self.keys, part, token)
+        except Exception:
+            logger.warning(
+                "errbacks' hand-over not completed, left to the scanner's sweep task_id=%s",
+                env.id, exc_info=True,
+            )  # fmt: skip
+
     def _after_commit(self, env: Envelope, done: Transition, client: Any) -> None:
         # A chord's callback committed: its header's results are no longer needed.
         if env.header and done.accepted:
@@ -448,6 +499,8 @@ class Runner:
     async def _act(
         self, spec: TaskSpec, env: Envelope, action: _Action, result: Any, error: Exception | None
     ) -> Ended:
+        if isinstance(action, _Commit) and self._hands_over(action):
+            return await asyncio.to_thread(self._handing_over, spec, env, action, result)
         if isinstance(action, _Commit):
             message = None
             if action.successor is not None and not action.gate:
@@ -690,6 +743,8 @@ class Runner:
         )  # fmt: skip
         moved = await call.arun(self.client)
         task_id = env.id if env else None
+        if moved.accepted and env is not None and env.link_error and self.keys.tagged:
+            await asyncio.to_thread(self._hand_errbacks_over, env)
         if moved.accepted:
             # An operator must act: the task's own traceback comes with the line.
             logger.error(
@@ -711,6 +766,11 @@ class Runner:
             held,
         )
         return Ended(Ending.REFUSED, task_id, detail=f"dead-letter refused (held {held})")
+
+
+def _handed(task: fencing.Successor | fencing.Linked) -> handover.Handed:
+    return handover.Handed(task.env.id, task.encoded, task.env.task, task.env.queue,
+                           task.max_resurrections)  # fmt: skip
 
 
 def _crossed_commit(env: Envelope, done: Transition) -> None:

@@ -3,7 +3,8 @@
 -- The delivery ledger that `manage.py relier_audit` reconciles: one stream per partition,
 -- '<P>:ledger', named from the expiry index's key (as _limits.lua names its keys), so it
 -- lives in the partition's slot. Each entry, its stream id on the Redis clock, is
--- 'p' <id>: a task was stored (push.lua, a workflow successor made by commit.lua). A store
+-- 'p' <id>: a task was stored (push.lua, a workflow successor made by commit.lua or
+-- handover_store.lua). A store
 -- undone because its publish failed (abort.lua: the push raised, so nothing was pushed)
 -- takes its entry back, found from the task's 'created_ms' (the same script's clock, so
 -- its entry is at or just after it).

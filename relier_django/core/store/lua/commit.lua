@@ -59,6 +59,13 @@
 -- ARGV[17+6n] the audit ledger's horizon, ms ('' or absent: off; with it, ARGV[5..16]
 --          are all given, '' or 0 when unused): a successor created is noted in the
 --          ledger (_ledger.lua)
+-- A hand-over (partitioned store: the successor and callbacks live in other partitions,
+-- which one script cannot reach on a cluster; store/handover.py): ARGV[5..15] '', n = 0,
+-- ARGV[17] '' or the ledger's horizon, and
+-- ARGV[18] '' or the hand-over record (JSON: the tasks this commit brings about), kept
+--          under this task's id in KEYS[15] and indexed by the commit time in KEYS[14]
+--          (handover_store.lua stores each task, handover_done.lua forgets the record)
+-- KEYS[14] the partition's hand-over index   KEYS[15] its hand-over records
 -- A gated task's slot is freed and handed to the next parked task (_limits.lua, G14).
 -- Counts: 'committed' and the minute's and hour's 'ok' once per task; 'stale' per refused
 -- call (a zombie's commit; a client retry of a refused call counts again).
@@ -156,6 +163,13 @@ for i = 0, links - 1 do
   local a = 17 + 6 * i
   link_create(KEYS[3], KEYS[14 + 2 * i], KEYS[15 + 2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2],
     ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], now_ms, now_text, KEYS[5])
+end
+-- Hand-over: recorded with the commit, so no moment has the step done and its
+-- successors neither stored nor recorded (G1 across partitions).
+local handover = ARGV[18 + 6 * links]
+if handover and handover ~= '' then
+  redis.call('ZADD', KEYS[14 + 2 * links], now_text, id)
+  redis.call('HSET', KEYS[15 + 2 * links], id, handover)
 end
 metric_count(KEYS[5], 'committed')
 if KEYS[6] ~= '' then

@@ -33,6 +33,10 @@
 -- ARGV[16+6i .. 21+6i] errback i (0-based): its id, its envelope (fence 1), its task
 --          name, its queue, its max resurrections, its flow-control gate ('' for none)
 -- KEYS[12+2i], KEYS[13+2i] errback i's task hash and result key
+-- A hand-over instead (a partitioned store: the errbacks live in other partitions;
+-- store/handover.py): ARGV[15] 0, ARGV[16] the hand-over record (JSON: the errbacks),
+-- kept under its token ARGV[17] in KEYS[13] and indexed by the filing time in KEYS[12]
+-- (KEYS[11] and ARGV[14] given, '' when unused); only with a fenced filing.
 -- Each errback is created once, as _links.lua says: by the filing call (a replay of it
 -- answers before, from its token), and never while its id has a task or a result.
 -- The task's latest checkpoint (field 'partial') moves into the entry, and release.lua
@@ -110,6 +114,11 @@ if fenced then
     local a = 16 + 6 * i
     link_create(KEYS[3], KEYS[12 + 2 * i], KEYS[13 + 2 * i], ARGV[a], ARGV[a + 1],
       ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], now_ms, now_text, KEYS[9])
+  end
+  -- Hand-over: recorded with the filing, so the errbacks are never lost with it.
+  if ARGV[16] and ARGV[16] ~= '' and tonumber(ARGV[15]) == 0 then
+    redis.call('ZADD', KEYS[12], now_text, ARGV[17])
+    redis.call('HSET', KEYS[13], ARGV[17], ARGV[16])
   end
 end
 metric_count(KEYS[9], 'dlq:' .. ARGV[9])
