@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 
 from relier_django.core.model.envelope import Envelope
-from relier_django.core.model.workflow import Step, chain_of, errbacks, linked, successor
+from relier_django.core.model.workflow import (
+    Step,
+    chain_of,
+    errbacks,
+    following,
+    linked,
+    successor,
+)
 
 
 def _first(*steps: Step) -> Envelope:
@@ -90,3 +97,25 @@ def test_a_step_created_later_keeps_its_signatures_priority():
     assert "priority" not in Step(task="t", id="x").wire()  # none: the wire as before
     with pytest.raises(ValueError, match="malformed"):
         Step.from_wire({"task": "t", "id": "x", "priority": "9"})
+
+
+def test_a_chain_in_a_chords_header_counts_only_its_last_steps_commit():
+    place = {"id": "g1", "index": 2, "callback": Step("t.sum", "cb").wire()}
+    env = Envelope(
+        id="s1", task="t.a", workflow="s1", chain=chain_of([Step("t.b", "s2")]), chord=place
+    )
+    made = following(env, 1, created_ms=5)
+    # The first step's commit creates its successor and counts nothing for the chord.
+    assert made is not None and made.chord is None and made.env.id == "s2"
+    assert made.env.chord == place  # its place passes on to the chain's last step
+    last = following(made.env, 2, created_ms=6)
+    assert last is not None and (last.chord, last.index, last.env.id) == ("g1", 2, "cb")
+
+
+def test_a_step_carries_its_callbacks_to_its_envelope():
+    member = Step("t.m", "m1").wire()
+    env = _first(Step("t.b", "s2", link=(member,)))
+    nxt = successor(env, 4, created_ms=1)
+    assert nxt is not None and nxt.link == (member,)
+    assert Step.from_wire(Step("t.b", "s2", link=(member,)).wire()).link == (member,)
+    assert [(c.id, c.args) for c in linked(nxt, 6, created_ms=2)] == [("m1", (6,))]

@@ -40,6 +40,9 @@ class Step:
     # where no task registry is at hand (the scanner, the dispatcher). None elsewhere.
     max_resurrections: int | None = None
     priority: int | None = None  # 0..9 (9 taken first); absent from the wire when None
+    # The callbacks this step's commit creates (a group that ends its chain: each member
+    # given this step's result), as Step.wire() each; absent from the wire when empty.
+    link: tuple[Mapping[str, Any], ...] = ()
 
     def wire(self) -> dict[str, Any]:
         out = {
@@ -51,6 +54,8 @@ class Step:
             out["maxres"] = self.max_resurrections
         if self.priority is not None:
             out["priority"] = self.priority
+        if self.link:
+            out["link"] = [dict(raw) for raw in self.link]
         return out
 
     @classmethod
@@ -64,6 +69,7 @@ class Step:
                 immutable=bool(raw.get("immutable", False)), version=int(raw.get("version", 1)),
                 max_resurrections=None if raw.get("maxres") is None else int(raw["maxres"]),
                 priority=_priority(raw.get("priority")),
+                link=tuple(dict(x) for x in raw.get("link", ())),
             )  # fmt: skip
         except (KeyError, TypeError) as exc:
             raise ValueError(f"a chain step is malformed: {raw!r}") from exc
@@ -131,7 +137,10 @@ def following(env: Envelope, result: Any, created_ms: int) -> Next | None:
 
 def successor(env: Envelope, result: Any, created_ms: int) -> Envelope | None:
     """The envelope of the step after ``env``'s, given ``env``'s result; None when
-    ``env`` is the last step (or not in a chain).
+    ``env`` is the last step (or not in a chain). A chain inside a chord's header
+    passes its place in the header (``chord``) on, step by step, to its last step,
+    whose commit is the one the chord counts; a step's callbacks (``link``: a group
+    that ends the chain) ride in its envelope, created by its own commit.
 
     Raises:
         ValueError: the next step is malformed.
@@ -144,7 +153,7 @@ def successor(env: Envelope, result: Any, created_ms: int) -> Envelope | None:
         id=step.id, task=step.task, args=args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
         workflow=env.workflow or env.id,
-        chain=env.chain[1:], priority=step.priority,
+        chain=env.chain[1:], chord=dict(env.chord), link=step.link, priority=step.priority,
         push=push_token_after(env, step.id),
     )  # fmt: skip
 
