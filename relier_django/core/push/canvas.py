@@ -99,6 +99,12 @@ def _spec(app: Any, sig: Any) -> TaskSpec | None:
 def _step(app: Any, sig: Any) -> workflow.Step:
     """One later step of a chain (or a chord's callback), checked."""
     spec = _spec(app, sig)
+    if spec is None and getattr(sig, "task", None) == "celery.chord":
+        raise TypeError(
+            "a group in the middle of a chain (Celery makes it a chord whose callback is "
+            "the step after it) is not supported yet: use chord(group)(callback) as the "
+            f"chain's first task, or end the chain with the group ({links.doc('workflows.md')})"
+        )
     if spec is None:
         name = getattr(sig, "task", None)
         what = name if isinstance(name, str) else type(sig).__name__

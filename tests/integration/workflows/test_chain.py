@@ -21,6 +21,7 @@ from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
 from testproject.demo import tasks
 from testproject.harness import wait_until
+from tests.integration.workflows.test_chord import relier_backend  # noqa: F401 (a fixture)
 from tests.leaks import assert_no_leaked_keys
 
 KEYS = KeySpace("rl")
@@ -243,3 +244,43 @@ def test_a_group_applied_while_the_producer_pool_is_nearly_empty_does_not_deadlo
         applying.join(30)
     assert finished, "the group's apply waited for a second producer from an empty pool"
     assert [relier_django.result(r.id).get(timeout=30) for r in results[0].results] == [1, 2]
+
+
+def test_a_group_ending_a_chain_runs_each_member_once_given_the_last_result(worker, redis_client):
+    add = tasks.step_add
+    # As Celery: each member gets the previous step's result first (not the .si() one).
+    members = group(add.s(10), add.s(20), add.si(7, 0))
+    result = chain(add.s(1, 1), add.s(1), members).apply_async()
+    ids = [r.id for r in result.results]
+    assert [relier_django.result(i).get(timeout=30) for i in ids] == [13, 23, 7]
+    assert [received(redis_client, i) for i in ids] == [[3], [3], [7]]
+    assert [runs(redis_client, i) for i in ids] == [["1"]] * 3
+    assert_no_leaked_keys(redis_client)
+
+
+def test_a_group_right_after_the_first_task_becomes_its_callbacks(redis_client):
+    # No worker: the members are created by the first task's commit, not by the push.
+    add = tasks.step_add
+    result = chain(add.s(1, 1), group(add.s(1), add.s(2))).apply_async()
+    ids = [r.id for r in result.results]
+    assert not any(redis_client.exists(KEYS.task(i)) for i in ids)
+    (first,) = [k.decode().split("{")[1].rstrip("}") for k in redis_client.keys("rl:t:*")]
+    env = decode(redis_client.hget(KEYS.task(first), "env"))
+    assert [step["id"] for step in env.link] == ids and env.chain == ()
+
+
+def test_a_group_ending_a_chain_runs_whole_in_eager_mode(settings, redis_client):
+    settings.RELIER = {**settings.RELIER, "EAGER": True}
+    add = tasks.step_add
+    result = chain(add.s(1, 1), add.s(1), group(add.s(10), add.s(20))).apply_async()
+    assert [received(redis_client, r.id) for r in result.results] == [[3], [3]]
+    assert not redis_client.keys("rl:*")
+
+
+@pytest.mark.usefixtures("relier_backend")
+def test_a_group_in_the_middle_of_a_chain_is_refused_naming_the_chord(redis_client):
+    # Celery upgrades it to a chord before relier sees it (a result backend must start it).
+    add = tasks.step_add
+    with pytest.raises(TypeError, match="a group in the middle of a chain"):
+        chain(add.s(1, 1), group(add.s(1), add.s(2)), tasks.step_sum.s()).apply_async()
+    assert redis_client.dbsize() == 0
