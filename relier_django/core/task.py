@@ -556,6 +556,7 @@ def _inline_context(
         hostname=ctx.worker.rpartition(":")[0],
         queue=(request.delivery_info or {}).get("routing_key") or spec.queue or "",
         is_eager=eager, called_directly=bool(request.called_directly) and not eager,
+        parent=str(request.parent_id or ""), expires_ms=getattr(request, "relier_expires_ms", None),
     )  # fmt: skip
     if eager:  # eager mode reads what the body's retry() decided from here (push/eager.py)
         request._relier_ctx = ctx

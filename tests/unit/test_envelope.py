@@ -343,3 +343,15 @@ def test_a_priority_is_carried_by_every_incarnation_and_absent_when_none():
     body["priority"] = "high"
     with pytest.raises(EnvelopeError, match="priority"):
         decode(with_checksum(body))
+
+
+def test_a_parent_and_an_expiry_are_carried_by_every_incarnation_and_absent_when_none():
+    env = decode(dataclasses.replace(ENV, parent="p-1", expires_ms=1_700_000_000_000).encode())
+    assert (env.parent, env.expires_ms, env.extra) == ("p-1", 1_700_000_000_000, {})
+    retried = env.next_incarnation(attempt=2)
+    assert (retried.parent, retried.expires_ms) == ("p-1", 1_700_000_000_000)
+    body = json.loads(ENV.encode())  # none given: byte for byte as before
+    assert "parent" not in body and "expires_ms" not in body and body["v"] == ENV.v
+    body["expires_ms"] = "soon"
+    with pytest.raises(EnvelopeError, match="expires_ms"):
+        decode(with_checksum(body))

@@ -108,8 +108,10 @@ def test_a_chain_in_a_chords_header_counts_only_its_last_steps_commit():
     # The first step's commit creates its successor and counts nothing for the chord.
     assert made is not None and made.chord is None and made.env.id == "s2"
     assert made.env.chord == place  # its place passes on to the chain's last step
+    assert made.env.parent == "s1"  # Celery's parent_id: the step whose commit made it
     last = following(made.env, 2, created_ms=6)
     assert last is not None and (last.chord, last.index, last.env.id) == ("g1", 2, "cb")
+    assert last.env.parent == "s2"  # the member whose commit completed the header
 
 
 def test_a_step_carries_its_callbacks_to_its_envelope():
@@ -118,4 +120,4 @@ def test_a_step_carries_its_callbacks_to_its_envelope():
     nxt = successor(env, 4, created_ms=1)
     assert nxt is not None and nxt.link == (member,)
     assert Step.from_wire(Step("t.b", "s2", link=(member,)).wire()).link == (member,)
-    assert [(c.id, c.args) for c in linked(nxt, 6, created_ms=2)] == [("m1", (6,))]
+    assert [(c.id, c.args, c.parent) for c in linked(nxt, 6, created_ms=2)] == [("m1", (6,), "s2")]

@@ -123,6 +123,15 @@ class Envelope:
     # The push's priority, 0..9 (9 runs first), kept by every incarnation; None: none
     # given (the broker's lowest). Ignorable, as trace: an older reader keeps it in extra.
     priority: int | None = None
+    # Celery's parent_id: the task whose commit created this one (a chain's step before,
+    # the task a callback or errback is linked to, the member completing a chord's
+    # header), or the task that pushed it from its body; "" for neither. Ignorable, as
+    # priority: an older reader keeps it in extra.
+    parent: str = ""
+    # Celery's expires: the epoch ms after which a start is refused (expires=), as the
+    # producer's clock put it (the store enforces it on its own clock); None: none.
+    # Ignorable too.
+    expires_ms: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -148,7 +157,10 @@ class Envelope:
         # Absent when empty, as trace: an envelope outside a workflow is unchanged.
         if self.priority is None:
             del body["priority"]
-        for name in ("workflow", "chain", "chord", "header", "push", "link", "link_error"):
+        if self.expires_ms is None:
+            del body["expires_ms"]
+        for name in ("workflow", "chain", "chord", "header", "push", "link", "link_error",
+                     "parent"):  # fmt: skip
             if not body[name]:
                 del body[name]
         for name in ("chain", "link", "link_error"):
@@ -184,7 +196,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "idem_key": (str, type(None)), "fence": int, "attempt": int, "resurrections": int,
     "created_ms": int, "schema_version": int, "trace": dict, "workflow": str, "chain": list,
     "chord": dict, "header": str, "push": str, "link": list, "link_error": list,
-    "priority": (int, type(None)),
+    "priority": (int, type(None)), "parent": str, "expires_ms": (int, type(None)),
 }  # fmt: skip
 
 

@@ -130,7 +130,7 @@ def following(env: Envelope, result: Any, created_ms: int) -> Next | None:
         id=step.id, task=step.task, args=step.args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
         workflow=group_id, header="" if step.immutable else group_id, priority=step.priority,
-        push=push_token_after(env, step.id),
+        push=push_token_after(env, step.id), parent=env.id,
     )  # fmt: skip
     return Next(callback, group_id, index)
 
@@ -154,7 +154,7 @@ def successor(env: Envelope, result: Any, created_ms: int) -> Envelope | None:
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
         workflow=env.workflow or env.id,
         chain=env.chain[1:], chord=dict(env.chord), link=step.link, priority=step.priority,
-        push=push_token_after(env, step.id),
+        push=push_token_after(env, step.id), parent=env.id,
     )  # fmt: skip
 
 
@@ -163,7 +163,7 @@ def _first_taking(env: Envelope, step: Step, first: Any, created_ms: int) -> Env
     return Envelope(
         id=step.id, task=step.task, args=args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
-        push=push_token_after(env, step.id), priority=step.priority,
+        push=push_token_after(env, step.id), priority=step.priority, parent=env.id,
     )  # fmt: skip
 
 

@@ -401,6 +401,7 @@ def _call(app: Any, spec: TaskSpec, env: Envelope, attempt: int, seen: list[Any]
     task.push_request(
         id=env.id, args=list(env.args), kwargs=dict(env.kwargs), retries=attempt - 1,
         is_eager=True, delivery_info={"routing_key": env.queue, "is_eager": True},
+        parent_id=env.parent or None, relier_expires_ms=env.expires_ms,
     )  # fmt: skip
     try:
         return task.run(*env.args, **env.kwargs)

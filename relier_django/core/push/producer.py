@@ -14,6 +14,7 @@ behind. The core cannot see Django's transactions: the Django layer installs a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import secrets
@@ -133,6 +134,7 @@ def prepare(
         created_ms=int(time.time() * 1000),
         schema_version=spec.schema.version,
         trace=tracing.inject(),  # the push span's context, when one is in progress
+        parent=_pushing_task(),
         push=secrets.token_hex(8),  # 64 random bits: this push's token (Envelope.identity)
     )
 
@@ -216,6 +218,7 @@ class _Push:
         cfg = config.current()
         env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id, chord,
                       link, link_error, priority)  # fmt: skip
+        env = _expiring(env, when)
         encoded = env.encode(cfg.signer)
         arguments.check_size(spec, args, kwargs, encoded, cfg.arguments_max_bytes)
         record = _record_of(env, position)
@@ -410,6 +413,26 @@ def _debounced(
         )
     key = debounce.key if debounce.key is not None else derive_key(None, args, kwargs)
     return keys.debounce(spec.name, key)
+
+
+def _pushing_task() -> str:
+    """The id of the task whose body is pushing (Celery's ``parent_id`` for what it
+    pushes), or "" outside a task's run (a direct call of the body is not a run)."""
+    task = current_task
+    request = getattr(task, "request", None) if task else None
+    if request is None or request.called_directly or not request.id:
+        return ""
+    return str(request.id)
+
+
+def _expiring(env: Envelope, when: Timing) -> Envelope:
+    """``env`` with its expiry (``expires=``) as an epoch time on the producer's clock,
+    for ``self.request.expires``; the store refuses a late start on its own clock."""
+    if when.expires_at_ms is not None:
+        return dataclasses.replace(env, expires_ms=when.expires_at_ms)
+    if when.expires_in_ms is not None:
+        return dataclasses.replace(env, expires_ms=env.created_ms + when.expires_in_ms)
+    return env
 
 
 def _record_of(env: Envelope, position: int | None) -> workflows.Record | None:

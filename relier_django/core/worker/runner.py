@@ -252,7 +252,8 @@ class Runner:
             env.id, env.task, env.attempt - 1, call.args, call.kwargs,
             scheduled_at=ctx.scheduled_at,
             hostname=self.worker.rpartition(":")[0], queue=self.queue or env.queue,
-            workflow=env.workflow, priority=env.priority,
+            workflow=env.workflow, priority=env.priority, parent=env.parent,
+            expires_ms=env.expires_ms,
             # As Celery: only a chain's last step is its chord header's member.
             chord_member={} if env.chain else env.chord,
         )  # fmt: skip
