@@ -68,7 +68,16 @@ TRIGGERS = [
         "app.send_task(name, args): Celery's own message, adopted by the worker",
     ),
     Trigger("debounce", triggers.debounced, False, "the last of two debounced pushes (2.5 s)"),
-]
+    Trigger(
+        "link callback", triggers.linked_callback, False,
+        "a link= callback, created by its parent's commit",
+    ),
+    Trigger(
+        "linked parent", triggers.linked_parent, False,
+        "a task with a link= callback (its commit creates it) and a link_error= errback "
+        "(its filing in the DLQ creates it); cancelled, it creates neither",
+    ),
+]  # fmt: skip
 IDEMPOTENCY = [
     Idempotency("plain", False, "a task without idempotency"),
     Idempotency(
@@ -130,7 +139,7 @@ EXCLUDED = [
     Exclusion(
         {
             "trigger": ("direct push", "countdown", "periodic tick", "chain head", "chain step",
-                        "group member", "send_task by name"),
+                        "group member", "send_task by name", "link callback", "linked parent"),
             "fate": "late release",
         },
         "only a chord keeps state with a TTL that a release can outlive (a chain carries "
