@@ -13,6 +13,8 @@ from relier_django.core.model.workflow import (
     errbacks,
     following,
     linked,
+    opened_chords,
+    planned,
     successor,
 )
 
@@ -121,3 +123,28 @@ def test_a_step_carries_its_callbacks_to_its_envelope():
     assert nxt is not None and nxt.link == (member,)
     assert Step.from_wire(Step("t.b", "s2", link=(member,)).wire()).link == (member,)
     assert [(c.id, c.args, c.parent) for c in linked(nxt, 6, created_ms=2)] == [("m1", (6,), "s2")]
+
+
+def test_a_chord_inside_a_chain_is_opened_by_the_step_before_its_group():
+    then = Step("t.after", "s9").wire()
+    callback = Step("t.sum", "cb", chain=(then,))
+    place = {"id": "g1", "size": 2, "callback": callback.wire()}
+    members = [Step("t.m", f"m{i}", chord={**place, "index": i}).wire() for i in range(2)]
+    env = _first(Step("t.b", "s2", link=tuple(members)))
+    step = successor(env, 1, created_ms=1)
+    assert step is not None and opened_chords(step) == {"g1": 2} and opened_chords(env) == {}
+    created = linked(step, 5, created_ms=2)
+    # Each member takes the step's result first and its place in the header.
+    assert [(m.id, m.args, m.chord["index"], m.workflow) for m in created] == [
+        ("m0", (5,), 0, "g1"), ("m1", (5,), 1, "g1"),
+    ]  # fmt: skip
+    made = following(created[1], 7, created_ms=3)
+    assert made is not None and made.env.id == "cb" and [s["id"] for s in made.env.chain] == ["s9"]
+    assert planned(env.chain) == [("s2", "t.b"), ("m0", "t.m"), ("cb", "t.sum"), ("s9", "t.after"),
+                                  ("m1", "t.m")]  # fmt: skip
+    with pytest.raises(ValueError, match="malformed"):
+        opened_chords(_first_with_link({"task": "t.m", "id": "m", "chord": {"id": "g"}}))
+
+
+def _first_with_link(raw):
+    return Envelope(id="s1", task="t.a", link=(raw,))

@@ -43,6 +43,12 @@ class Step:
     # The callbacks this step's commit creates (a group that ends its chain: each member
     # given this step's result), as Step.wire() each; absent from the wire when empty.
     link: tuple[Mapping[str, Any], ...] = ()
+    # A chord inside a chain (Celery's group followed by a step): a header member, made
+    # a callback of the step before the group, carries its place in the header
+    # ({"id", "index", "size", "callback"}); the chord's callback carries the steps
+    # that follow it (``chain``). Absent from the wire when empty.
+    chord: Mapping[str, Any] = field(default_factory=dict)
+    chain: tuple[Mapping[str, Any], ...] = ()
 
     def wire(self) -> dict[str, Any]:
         out = {
@@ -56,6 +62,10 @@ class Step:
             out["priority"] = self.priority
         if self.link:
             out["link"] = [dict(raw) for raw in self.link]
+        if self.chord:
+            out["chord"] = dict(self.chord)
+        if self.chain:
+            out["chain"] = [dict(raw) for raw in self.chain]
         return out
 
     @classmethod
@@ -70,6 +80,8 @@ class Step:
                 max_resurrections=None if raw.get("maxres") is None else int(raw["maxres"]),
                 priority=_priority(raw.get("priority")),
                 link=tuple(dict(x) for x in raw.get("link", ())),
+                chord=dict(raw.get("chord", {})),
+                chain=tuple(dict(x) for x in raw.get("chain", ())),
             )  # fmt: skip
         except (KeyError, TypeError) as exc:
             raise ValueError(f"a chain step is malformed: {raw!r}") from exc
@@ -130,7 +142,7 @@ def following(env: Envelope, result: Any, created_ms: int) -> Next | None:
         id=step.id, task=step.task, args=step.args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
         workflow=group_id, header="" if step.immutable else group_id, priority=step.priority,
-        push=push_token_after(env, step.id), parent=env.id,
+        push=push_token_after(env, step.id), parent=env.id, chain=step.chain, link=step.link,
     )  # fmt: skip
     return Next(callback, group_id, index)
 
@@ -164,7 +176,55 @@ def _first_taking(env: Envelope, step: Step, first: Any, created_ms: int) -> Env
         id=step.id, task=step.task, args=args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
         push=push_token_after(env, step.id), priority=step.priority, parent=env.id,
+        chord=dict(step.chord), workflow=str(step.chord["id"]) if step.chord else "",
     )  # fmt: skip
+
+
+def holds_a_chord(env: Envelope) -> bool:
+    """Whether ``env`` is a chord's header member, or its workflow opens a chord later
+    (a group inside its chain)."""
+    later = [*env.link, *(raw for step in env.chain for raw in step.get("link", ()))]
+    return bool(env.chord) or any(raw.get("chord") for raw in later)
+
+
+def planned(steps: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """Every task ``steps`` (as ``Step.wire()`` gives them) will create, in order,
+    each once, as (task id, task name): the steps, their callbacks (a group ending a
+    chain, a chord's header inside it), a chord's callback and the steps after it."""
+    out: dict[str, str] = {}
+
+    def walk(raw: Mapping[str, Any]) -> None:
+        out.setdefault(str(raw["id"]), str(raw["task"]))
+        for link in raw.get("link", ()):
+            walk(link)
+        if raw.get("chord"):
+            walk(raw["chord"]["callback"])
+        for step in raw.get("chain", ()):
+            walk(step)
+
+    for raw in steps:
+        walk(raw)
+    return list(out.items())
+
+
+def opened_chords(env: Envelope) -> dict[str, int]:
+    """The chords ``env``'s commit opens (a group after it in its chain, Celery's chord
+    inside a chain): each group id with its header's size, which the state must hold
+    before a member can commit.
+
+    Raises:
+        ValueError: a member's place is malformed.
+    """
+    out: dict[str, int] = {}
+    for raw in env.link:
+        place = raw.get("chord")
+        if not place:
+            continue
+        try:
+            out[str(place["id"])] = int(place["size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"a chord member's place is malformed: {place!r}") from exc
+    return out
 
 
 def linked(env: Envelope, result: Any, created_ms: int) -> tuple[Envelope, ...]:

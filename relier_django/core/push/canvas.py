@@ -8,7 +8,10 @@ hear that it cannot run.
   chain's last step may be a chord header's member (Celery puts the chord's place on
   a chain's last step: a chain inside a chord's header), and may be a group (its
   members run after the step before it, each given that step's result: they become
-  that step's callbacks).
+  that step's callbacks). A group followed by a step is Celery's chord inside the
+  chain: its members become the step before's callbacks too, each carrying its place
+  in the header, the header's size and the chord's callback, which carries the steps
+  after it.
 - ``chord=``: a header member's place (group id, index, callback).
 - ``link=`` / ``link_error=``: callbacks and errbacks.
 """
@@ -44,26 +47,79 @@ def rest(app: Any, given: Sequence[Any]) -> Rest:
 
     Raises:
         TypeError: a step that is not an ``@rl_task`` signature (a plain Celery task,
-            whose step relier could not fence, a chord in the middle of a chain, a
-            group anywhere but last), a step whose own arguments do not fit its task
-            (the previous result not counted), or a step with links of its own.
+            whose step relier could not fence), a group anywhere but last (unless Celery
+            made it a chord with the step after it), a step whose own arguments do not
+            fit its task (the previous result not counted), or a step with links of
+            its own.
         InvalidTaskId: a frozen id (a step's, a group id) that breaks the id rule.
     """
-    signatures = [maybe_signature(sig, app=app) for sig in given]
-    trailing: list[workflow.Step] = []
-    if signatures and getattr(signatures[0], "task", None) == "celery.group":
-        trailing = _group_members(app, signatures.pop(0))
-    steps = [_step(app, sig) for sig in reversed(signatures)]
-    if any(sig.options.get("chord") is not None for sig in signatures[1:]):
+    ordered = [maybe_signature(sig, app=app) for sig in reversed(list(given))]
+    if any(sig.options.get("chord") is not None for sig in ordered[:-1]):
         raise TypeError("only a chain's last step can be a chord header's member")
-    chord = _chain_chord(app, signatures[0]) if signatures and not trailing else {}
-    if not trailing:
-        return Rest(steps, chord)
-    if not steps:  # the group follows the first task: its members are its callbacks
-        return Rest([], {}, trailing)
-    last = steps[-1]
-    steps[-1] = dataclasses.replace(last, link=(*last.link, *workflow.chain_of(trailing)))
-    return Rest(steps)
+    steps, leading = _walk(app, ordered)
+    if not ordered or ordered[-1].options.get("chord") is None:
+        return Rest(steps, {}, leading)
+    if any(_name(sig) in ("celery.chord", "celery.group") for sig in ordered):
+        raise TypeError(
+            "a chain with a group inside it, inside a chord's header, is not supported "
+            "yet: end the chain with a task"
+        )
+    return Rest(steps, _chain_chord(app, ordered[-1]), leading)
+
+
+def _name(sig: Any) -> str | None:
+    name = getattr(sig, "task", None)
+    return name if isinstance(name, str) else None
+
+
+def _walk(app: Any, ordered: Sequence[Any]) -> tuple[list[workflow.Step], list[workflow.Step]]:
+    """The steps of ``ordered`` (in chain order) up to the first group or chord, and
+    the callbacks of the task before them when that group or chord comes first: a
+    group (last) or a chord's header is created by the commit of the step before it,
+    as that step's callbacks; what follows a chord rides with its callback."""
+    steps: list[workflow.Step] = []
+    for k, sig in enumerate(ordered):
+        if _name(sig) == "celery.chord":
+            members = _chord_in_chain(app, sig, ordered[k + 1 :])
+        elif _name(sig) == "celery.group" and k == len(ordered) - 1:
+            members = _group_members(app, sig)
+        else:
+            steps.append(_step(app, sig))
+            continue
+        if not steps:
+            return steps, members
+        last = steps[-1]
+        steps[-1] = dataclasses.replace(last, link=(*last.link, *workflow.chain_of(members)))
+        break
+    return steps, []
+
+
+def _chord_in_chain(app: Any, sig: Any, after: Sequence[Any]) -> list[workflow.Step]:
+    """Celery's chord inside a chain (a group followed by a step): its header's members,
+    each a callback of the step before it carrying its place in the header (with the
+    header's size, which the committing step records) and the chord's callback, which
+    carries the steps after it."""
+    header = sig.tasks
+    signatures = [maybe_signature(m, app=app) for m in getattr(header, "tasks", header)]
+    if not signatures:
+        raise TypeError("an empty group in the middle of a chain is not supported")
+    body = maybe_signature(sig.body, app=app)
+    body_sigs = list(body.tasks) if _name(body) == "celery.chain" else [body]
+    then, leading = _walk(app, [*[maybe_signature(b, app=app) for b in body_sigs[1:]], *after])
+    callback = dataclasses.replace(
+        _step(app, maybe_signature(body_sigs[0], app=app)),
+        chain=workflow.chain_of(then), link=workflow.chain_of(leading),
+    )  # fmt: skip
+    group_id = getattr(header, "options", {}).get("task_id") or sig.options.get("task_id")
+    group_id = str(group_id or uuid.uuid4().hex)
+    ids.check_id(group_id, "group_id")
+    members = linked(app, signatures, errback=False, option="a group in a chain")
+    return [
+        dataclasses.replace(member, chord={
+            "id": group_id, "index": i, "size": len(members), "callback": callback.wire(),
+        })
+        for i, member in enumerate(members)
+    ]  # fmt: skip
 
 
 def chord_place(app: Any, group_id: Any, index: Any, body: Any) -> dict[str, Any]:
@@ -99,19 +155,13 @@ def _spec(app: Any, sig: Any) -> TaskSpec | None:
 def _step(app: Any, sig: Any) -> workflow.Step:
     """One later step of a chain (or a chord's callback), checked."""
     spec = _spec(app, sig)
-    if spec is None and getattr(sig, "task", None) == "celery.chord":
-        raise TypeError(
-            "a group in the middle of a chain (Celery makes it a chord whose callback is "
-            "the step after it) is not supported yet: use chord(group)(callback) as the "
-            f"chain's first task, or end the chain with the group ({links.doc('workflows.md')})"
-        )
     if spec is None:
         name = getattr(sig, "task", None)
         what = name if isinstance(name, str) else type(sig).__name__
         raise TypeError(
             f"chain step {what!r} is not an @rl_task: relier creates each step in the "
             "same script that commits the one before, which it cannot do for a plain "
-            f"Celery task, a group before another step or a chord ({links.doc('workflows.md')})"
+            f"Celery task or a group before a group ({links.doc('workflows.md')})"
         )
     chosen = sig.options
     if chosen.get("link") or chosen.get("link_error"):

@@ -120,7 +120,7 @@ def prepare(
     task_id = _placed(spec.name, task_id, idem, bool(chain or chord or link or link_error))
     return Envelope(
         id=task_id,
-        workflow=group_id or (task_id if chain else ""),
+        workflow=group_id or (task_id if chain or any(s.chord for s in link) else ""),
         chain=workflow.chain_of(chain),
         chord=dict(chord or {}),
         link=workflow.chain_of(link),
@@ -450,8 +450,10 @@ def _record_of(env: Envelope, position: int | None) -> workflows.Record | None:
         return workflows.Record(
             env.workflow, "group", env.created_ms, [(position or 0, env.id, env.task)]
         )
-    if env.chain:
-        later = [(i, step["id"], step["task"]) for i, step in enumerate(env.chain, start=1)]
+    opening = [raw for raw in env.link if raw.get("chord")]  # a chord right after it
+    if env.chain or opening:
+        tasks = workflow.planned([*opening, *env.chain])
+        later = [(i, task_id, task) for i, (task_id, task) in enumerate(tasks, start=1)]
         return workflows.Record(env.id, "chain", env.created_ms, [(0, env.id, env.task), *later])
     return None
 

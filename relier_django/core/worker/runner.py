@@ -23,8 +23,8 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -73,6 +73,9 @@ class _Commit:
     gate: str = ""
     # The callbacks (link=) the commit creates, each with the result first.
     links: tuple[fencing.Linked, ...] = ()
+    # The chords whose headers those callbacks are (a group inside a chain): group id ->
+    # the header's size, recorded before the commit can create a member.
+    opens: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def successor(self) -> Envelope | None:
@@ -195,6 +198,7 @@ class Runner:
                 message = publish.message_for_store(
                     self.app, action.successor, action.encoded, client
                 )
+            self._open_chords(action.opens, client)
             done = fencing.commit(
                 self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail,
                 self._successor(action, message), action.links,
@@ -203,7 +207,7 @@ class Runner:
                 checkpoint.remove_files(self.config.checkpoint_dir, env.id)
             if done.accepted and done.value == 1 and message is None and not action.gate:
                 event_loop.run(self._publish_successor(action))
-            self._after_commit(env, done, client)
+            self._after_commit(env, done, client, action.opens)
             return self._commit_ended(env, done, result)
         if action is None:
             return _superseded(env)
@@ -359,20 +363,21 @@ class Runner:
         try:
             nxt = workflow.following(env, result, now_ms)
             links = tuple(self._linked(link) for link in workflow.linked(env, result, now_ms))
+            opens = workflow.opened_chords(env)
         except ValueError as exc:  # only a faulty producer writes such a workflow
             detail = f"the workflow after this step cannot be read: {exc}"
             return _Dead(
                 Failure(Reason.MALFORMED_MESSAGE, type(exc).__name__, detail, worker=self.worker)
             )
         if nxt is None:
-            return _Commit(record, links=links)
+            return _Commit(record, links=links, opens=opens)
         try:
             gate = self._gate(nxt.env)
         except ValueError as exc:  # a ConfigError too: a limit= the settings lack
             detail = f"the workflow's next step {nxt.env.task} cannot be gated: {exc}"
             return _Dead(Failure(Reason.MALFORMED_MESSAGE, type(exc).__name__, detail,
                                  worker=self.worker))  # fmt: skip
-        return _Commit(record, nxt, nxt.env.encode(self.signer), gate, links)
+        return _Commit(record, nxt, nxt.env.encode(self.signer), gate, links, opens)
 
     def _linked(self, link: Envelope) -> fencing.Linked:
         """A callback as the commit creates it. Raises ValueError (a ConfigError too)
@@ -410,7 +415,24 @@ class Runner:
             following.chord, following.index, outcome.result_json(action.record), action.gate,
         )  # fmt: skip
 
-    def _after_commit(self, env: Envelope, done: Transition, client: Any) -> None:
+    def _open_chords(self, opens: Mapping[str, int], client: Any) -> None:
+        """Record the size of each chord this commit opens (a group inside a chain),
+        before the commit creates its members: the state knows the size before any
+        member can commit. Idempotent; a commit refused after it leaves a state that
+        expires (chords.KEEP_MS), or that the next incarnation's commit completes."""
+        for group_id, size in opens.items():
+            chords.set_size(client, self.keys, group_id, size)
+
+    def _after_commit(
+        self, env: Envelope, done: Transition, client: Any, opens: Mapping[str, int]
+    ) -> None:
+        # The members of a chord this commit opened all exist now: its state outlives
+        # any wait (a member in the DLQ), as a chord whose producer stored its header.
+        for group_id, size in opens.items() if done.accepted else ():
+            try:
+                chords.seal(client, self.keys, group_id, size - 1)
+            except Exception:  # it keeps its TTL then, as a producer's unsealed header
+                logger.warning("could not seal chord %s's state", group_id, exc_info=True)
         # A chord's callback committed: its header's results are no longer needed.
         if env.header and done.accepted:
             try:
@@ -440,6 +462,8 @@ class Runner:
                 message = await publish.amessage_for_store(
                     self.app, action.successor, action.encoded, self.client
                 )
+            if action.opens:
+                await asyncio.to_thread(self._open_chords, action.opens, sync_client(self.config))
             done = await fencing.commit(
                 self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail,
                 self._successor(action, message), action.links,
@@ -448,8 +472,10 @@ class Runner:
                 await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
             if done.accepted and done.value == 1 and message is None and not action.gate:
                 await self._publish_successor(action)
-            if env.header:
-                await asyncio.to_thread(self._after_commit, env, done, sync_client(self.config))
+            if env.header or action.opens:
+                await asyncio.to_thread(
+                    self._after_commit, env, done, sync_client(self.config), action.opens
+                )
             return self._commit_ended(env, done, result)
         if isinstance(action, _Retry):
             return await self._retry(spec, env, action, action.exc if action.asked else error)

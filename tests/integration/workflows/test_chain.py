@@ -278,9 +278,71 @@ def test_a_group_ending_a_chain_runs_whole_in_eager_mode(settings, redis_client)
 
 
 @pytest.mark.usefixtures("relier_backend")
-def test_a_group_in_the_middle_of_a_chain_is_refused_naming_the_chord(redis_client):
-    # Celery upgrades it to a chord before relier sees it (a result backend must start it).
+def test_a_group_in_the_middle_of_a_chain_is_a_chord_whose_callback_goes_on(worker, redis_client):
     add = tasks.step_add
-    with pytest.raises(TypeError, match="a group in the middle of a chain"):
-        chain(add.s(1, 1), group(add.s(1), add.s(2)), tasks.step_sum.s()).apply_async()
-    assert redis_client.dbsize() == 0
+    # Celery makes group(...) followed by a step a chord whose callback is that step.
+    last = chain(
+        add.s(1, 1),  # 2
+        add.s(1),  # 3
+        group(add.s(10, sleep_s=0.3), add.s(20), add.si(7, 0)),  # 13, 23, 7
+        tasks.step_sum.s(100),  # 143
+        add.s(5),  # 148
+    ).apply_async()
+    assert relier_django.result(last.id).get(timeout=30) == 148
+    ids = [r.id for r in reversed(list(_results(last)))]
+    callback = ids[-2]
+    assert received(redis_client, callback) == [[13, 23, 7]]  # in header order, once
+    assert [runs(redis_client, i) for i in (ids[0], ids[1], callback, last.id)] == [["1"]] * 4
+    view = relier_django.workflow(ids[0])
+    assert view is not None and view.state == "SUCCESS" and len(view.steps) == 7
+    assert_no_leaked_keys(redis_client)
+
+
+@pytest.mark.usefixtures("relier_backend")
+def test_a_chord_in_a_chain_exists_only_once_the_step_before_commits(redis_client):
+    # No worker: only the first step exists; its envelope carries the header as the
+    # callbacks of the step before the group, each with its place and the header's size.
+    add = tasks.step_add
+    chain(add.s(1, 1), group(add.s(1), add.s(2)), tasks.step_sum.s(0)).apply_async()
+    (first,) = [k.decode().split("{")[1].rstrip("}") for k in redis_client.keys("rl:t:*")]
+    env = decode(redis_client.hget(KEYS.task(first), "env"))
+    places = [member["chord"] for member in env.link]
+    assert [p["index"] for p in places] == [0, 1] and {p["size"] for p in places} == {2}
+    assert not redis_client.keys("rl:ch:*")  # the size is recorded by that commit
+
+
+@pytest.mark.usefixtures("relier_backend")
+def test_a_failing_member_of_a_chord_in_a_chain_holds_the_rest_until_released(worker, redis_client):
+    redis_client.set("demo:broken:7", 1)
+    add = tasks.step_add
+    last = chain(
+        add.s(1, 1), group(add.s(1), add.s(7)), tasks.step_sum.s(0), add.s(1)
+    ).apply_async()
+    first = next(r.id for r in reversed(list(_results(last))))
+    relier_django.result(first).get(timeout=30)
+    broken = wait_until(
+        lambda: [e for e in dlq.store().iter() if e.envelope.get("chord")],
+        30,
+        what="the broken member in the DLQ",
+    )[0]
+    assert not redis_client.exists(KEYS.task(last.id))
+    redis_client.delete("demo:broken:7")
+    dlq.release_entry(broken.id)
+    assert relier_django.result(last.id).get(timeout=30) == 3 + 9 + 1
+
+
+@pytest.mark.usefixtures("relier_backend")
+def test_a_chord_in_a_chain_runs_under_celery_eager_and_relier_eager_refuses_it(
+    settings, redis_client
+):
+    add = tasks.step_add
+    flow = chain(add.s(1, 1), group(add.s(1), add.s(2)), tasks.step_sum.s(0))
+    app.conf.task_always_eager = True
+    try:
+        assert flow.apply_async().get() == 3 + 4  # Celery's own eager canvas
+    finally:
+        app.conf.task_always_eager = False
+    settings.RELIER = {**settings.RELIER, "EAGER": True}
+    with pytest.raises(TypeError, match="CELERY_TASK_ALWAYS_EAGER"):
+        flow.apply_async()
+    assert not redis_client.keys("rl:t:*")  # refused before anything ran or was stored
