@@ -346,3 +346,22 @@ def test_a_chord_in_a_chain_runs_under_celery_eager_and_relier_eager_refuses_it(
     with pytest.raises(TypeError, match="CELERY_TASK_ALWAYS_EAGER"):
         flow.apply_async()
     assert not redis_client.keys("rl:t:*")  # refused before anything ran or was stored
+
+
+@pytest.mark.usefixtures("relier_backend")
+def test_a_cancelled_step_before_a_group_files_the_chord_with_it_and_release_resumes_it(
+    worker, redis_client
+):
+    # chain(a, group, d): a has no chain after it, only the header it opens; removed, it
+    # would end the workflow without a trace.
+    add = tasks.step_add
+    last = chain(
+        add.s(1, 1).set(countdown=60), group(add.s(1), add.s(2)), tasks.step_sum.s(0)
+    ).apply_async()
+    head = next(r.id for r in reversed(list(_results(last))))
+    assert relier_django.cancel(head) is relier_django.Cancelled.BEFORE_START
+    entry = dlq.store().get(head)
+    assert entry is not None and entry.reason == "cancelled"
+    assert [m["chord"]["index"] for m in entry.envelope["link"]] == [0, 1]
+    dlq.release_entry(head)
+    assert relier_django.result(last.id).get(timeout=30) == 3 + 4
