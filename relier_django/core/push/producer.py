@@ -439,12 +439,14 @@ def _record_of(env: Envelope, position: int | None) -> workflows.Record | None:
     """What this push adds to its workflow's record (None: it is in no workflow)."""
     if env.chord:
         callback = env.chord["callback"]
-        # A chain in the header fills its place with its last step's result: that step
-        # stands for it in the record.
-        member = (env.chain[-1]["id"], env.chain[-1]["task"]) if env.chain else (env.id, env.task)
+        index = int(env.chord["index"])
+        members: list[tuple[int | str, str, str]] = [(index, env.id, env.task)]
+        if env.chain:  # a chain in the header: each of its steps at its place, in order
+            steps = [(env.id, env.task), *((s["id"], s["task"]) for s in env.chain)]
+            members = [(f"{index}.{k}", task_id, task) for k, (task_id, task) in enumerate(steps)]
         return workflows.Record(
-            str(env.chord["id"]), "chord", env.created_ms,
-            [(int(env.chord["index"]), *member)], (callback["id"], callback["task"]),
+            str(env.chord["id"]), "chord", env.created_ms, members,
+            (callback["id"], callback["task"]),
         )  # fmt: skip
     if env.workflow and env.workflow != env.id:  # a group's member (or a chain in one)
         return workflows.Record(

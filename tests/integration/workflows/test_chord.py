@@ -113,7 +113,10 @@ def test_a_chain_inside_a_chords_header_fills_its_place_with_its_last_steps_resu
     assert len(first_chain) == 3 and all(runs(redis_client, i) == 1 for i in first_chain)
     view = relier_django.workflow(result.parent.id)
     assert view is not None and view.state == "SUCCESS"
-    assert [s.task_id for s in view.steps] == [*(m.id for m in members), result.id]
+    # Each chain's steps at its place in the header, in order; the callback last.
+    listed = [*first_chain, members[1].id, *chain_ids(members[2]), result.id]
+    assert [s.task_id for s in view.steps] == listed
+    assert [s.position for s in view.steps] == [0, 0, 0, 1, 2, 2, None]
     assert_no_leaked_keys(redis_client)
     assert not redis_client.exists(KEYS.chord(result.parent.id))
 
@@ -127,6 +130,9 @@ def test_a_chains_earlier_step_does_not_count_for_the_chord(relier_backend, redi
     assert stored["chord"]["id"] == result.parent.id and stored["chain"][0]["id"] == last
     assert redis_client.hget(KEYS.chord(result.parent.id), "size") == b"1"
     assert not redis_client.hexists(KEYS.chord(result.parent.id), "r:0")
+    view = relier_django.workflow(result.parent.id)
+    assert view is not None and view.state == "PENDING"
+    assert [s.task_id for s in view.steps] == [first, last, result.id]
 
 
 def test_a_failing_step_of_a_chain_in_a_header_holds_the_callback_until_released(
@@ -139,6 +145,7 @@ def test_a_failing_step_of_a_chain_in_a_header_holds_the_callback_until_released
     entry = wait_until(lambda: dlq.store().get(broken), 30, what="the broken step in the DLQ")
     assert entry.envelope["chord"]["id"] == result.parent.id
     assert not redis_client.exists(KEYS.task(result.id))  # the callback waits
+    assert relier_django.workflow(result.parent.id).state == "FAILURE"  # its step is seen
     redis_client.delete("demo:broken:7")
     dlq.release_entry(broken)
     assert relier_django.result(result.id).get(timeout=30) == (8 + 1) + 4
