@@ -69,6 +69,14 @@ TRIGGERS = [
     ),
     Trigger("debounce", triggers.debounced, False, "the last of two debounced pushes (2.5 s)"),
     Trigger(
+        "chain in chord", triggers.chain_in_chord, True,
+        "the first step of a chain of two, a chord header's second member",
+    ),
+    Trigger(
+        "chord in chain", triggers.chord_in_chain, True,
+        "the second member of a group inside a chain (a chord the step before creates)",
+    ),
+    Trigger(
         "link callback", triggers.linked_callback, False,
         "a link= callback, created by its parent's commit",
     ),

@@ -259,3 +259,48 @@ def _check_a_duplicates_links(case: Case, own: str, callback: str, errback: str)
         return
     case.note("the cell's push ran under its own id (not a duplicate)")
     case.follow(callback, "its callback (link=)", behind=True)
+
+
+def chain_in_chord(case: Case) -> Iterator[None]:
+    """The cell's task the first step of a chain of two that is the second member of a
+    chord's header of three: the chain's last step fills its place."""
+    case.push_twin()
+    members = _members(case)
+    chain_last = tasks.tail.s(case.label).set(**case.around(case.announce("chainlast")))
+    callback = tasks.collect.s(case.label).set(**case.around(case.announce("callback")))
+    header = [members[0], chain(members[1], chain_last), members[2]]
+    with case.transaction():
+        result = chord(header)(callback)
+    names = ["member 0", "member 1, a chain's first step (the cell's task)", "member 2"]
+    for position, sig in enumerate(members):
+        own = position == 1
+        case.follow(sig.id, names[position], own=own, atomic=own and case.atomic)
+    case.follow(chain_last.id, "member 1's last step", behind=True)
+    case.follow(callback.id, "the chord's callback", behind=True)
+    case.members = [members[0].id, chain_last.id, members[2].id]
+    case.callback, case.workflow_id = callback.id, result.parent.id
+    case.touch("pushed the chord with a chain in its header")
+    yield
+
+
+def chord_in_chain(case: Case) -> Iterator[None]:
+    """The cell's task the second member of a group inside a chain (Celery's chord, its
+    callback the step after the group, then one more step): the header is created by
+    the commit of the step before it."""
+    case.push_twin()
+    first = tasks.neighbour.si(case.label, 9).set(**case.around(case.announce("step0")))
+    members = _members(case)
+    callback = tasks.collect.s(case.label).set(**case.around(case.announce("callback")))
+    after = tasks.tail.s(case.label).set(**case.around(case.announce("tail")))
+    with case.transaction():
+        chain(first, group(members), callback, after).apply_async()
+    case.follow(first.id, "the chain's first step (its commit creates the header)")
+    _follow_members(case, members)
+    case.follow(callback.id, "the chord's callback", behind=True)
+    case.follow(after.id, "the step after the callback", behind=True)
+    case.callback, case.workflow_id = callback.id, first.id
+    case.touch("pushed the chain with a group inside")
+    yield
+    done, got = case._result(callback), case._result(after)
+    if done is not None and got is not None and got["previous"] != done:
+        case.problem(f"the step after the callback got {got['previous']!r}, not {done!r}")

@@ -303,3 +303,33 @@ def test_a_chord_callbacks_frozen_id_breaking_the_id_rule_is_refused_at_push(
     with pytest.raises(relier_django.InvalidTaskId, match=r"'total\\n1'.*1 to 64 printable"):
         chord(header)(tasks.step_sum.s(1000).set(task_id="total\n1"))
     assert redis_client.dbsize() == 0  # not even the first member: the callback rides on each
+
+
+def test_a_chord_with_chains_in_its_header_applied_while_celerys_pool_is_empty_does_not_deadlock(
+    relier_backend, worker, redis_client
+):
+    """Celery's group applies a chain member holding one producer of Celery's pool, and
+    the chain applies its first task without it: relier's send takes its producer from
+    a pool of its own, so a chord applied while Celery's pool has none left completes."""
+    import threading
+
+    pool = app.producer_pool
+    taken = [pool.acquire(block=True) for _ in range(pool.limit - 1)]  # one left: the group's
+    done, results = threading.Event(), []
+
+    def apply() -> None:
+        add = tasks.step_add
+        header = [chain(add.s(1, 1), add.s(1)), chain(add.s(2, 2), add.s(2))]
+        results.append(chord(header)(tasks.step_sum.s(0)))
+        done.set()
+
+    applying = threading.Thread(target=apply, daemon=True)
+    try:
+        applying.start()
+        finished = done.wait(20)
+    finally:
+        for producer in taken:
+            producer.release()
+        applying.join(30)
+    assert finished, "the chord's apply waited for a second producer from an empty pool"
+    assert relier_django.result(results[0].id).get(timeout=30) == 3 + 6
