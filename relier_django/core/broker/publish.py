@@ -41,8 +41,8 @@ _pools: dict[tuple[Any, ...], Any] = {}
 def _producing(app: Any) -> Iterator[Any]:
     """The producer lent for this context, else one of relier's own pool."""
     lent = _lent.get()
-    if lent is not None or not hasattr(app, "connection_for_write"):
-        yield lent  # None for an app that is not Celery's: it sends its own way
+    if lent is not None or not hasattr(app, "producer_pool"):
+        yield lent  # None for an app with no pool of Celery's: it sends its own way
         return
     with _pool(app).acquire(block=True) as producer:
         yield producer
