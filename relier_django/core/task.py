@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Task, shared_task
-from celery.canvas import maybe_signature
 from celery.exceptions import Ignore, Retry, SoftTimeLimitExceeded
 
 from .broker import publish
-from .model import arguments, config, ids, links, resurrections, workflow
+from .model import config, resurrections
 from .model import limits as limits_mod
 from .model import options as options_mod
 from .model.errors import TaskFailed
@@ -24,7 +22,7 @@ from .model.request import Request, RetryPolicy
 from .model.schema import Migration, Schema
 from .model.spec import TaskSpec
 from .model.timing import debounce, timing
-from .push import producer
+from .push import canvas, producer
 from .push.producer import PushWith
 from .store import event_loop, liveness
 from .store.connection import sync_client
@@ -189,20 +187,19 @@ class RelierTask(Task):
         when = timing(
             chosen.pop("countdown", None), chosen.pop("eta", None), chosen.pop("expires", None)
         )
-        steps = _steps(self.app, chosen.pop("chain", None) or ())
-        link = _linked(self.app, chosen.pop("link", None), errback=False)
-        link_error = _linked(self.app, chosen.pop("link_error", None), errback=True)
+        rest = canvas.rest(self.app, chosen.pop("chain", None) or ())
+        link = [*rest.link, *canvas.linked(self.app, chosen.pop("link", None), errback=False)]
+        link_error = canvas.linked(self.app, chosen.pop("link_error", None), errback=True)
         index, body = chosen.pop("group_index", None), chosen.pop("chord", None)
-        chord = {}
+        chord = rest.chord  # a chain inside a chord's header: its last step's place
         if body is not None:
-            if steps:
-                raise TypeError("a chain inside a chord's header is not supported yet")
-            callback = _steps(self.app, [body])[0]
-            chord = {"id": chosen.get("group_id"), "index": index, "callback": callback.wire()}
+            if rest.steps:
+                raise TypeError("a chain's place in a chord's header goes to its last step")
+            chord = canvas.chord_place(self.app, chosen.get("group_id"), index, body)
         with publish.lending(lent):
             return producer.push(
                 self.relier_spec, self.app, tuple(args or ()), dict(kwargs or {}), when=when,
-                chain=steps, chord=chord, position=index, link=link, link_error=link_error,
+                chain=rest.steps, chord=chord, position=index, link=link, link_error=link_error,
                 **chosen,
             )  # fmt: skip
 
@@ -236,148 +233,6 @@ class RelierTask(Task):
             "the task with bind=True and call self.update_state(...) there (self is its "
             "TaskContext), or ctx.set_progress(meta); pass ctx to helpers that report"
         )
-
-
-def _steps(app: Any, rest: Sequence[Any]) -> list[workflow.Step]:
-    """The steps of a chain after its first task, from the signatures Celery's
-    ``chain.apply_async`` hands the first one (``chain=``, last step first).
-
-    Raises:
-        TypeError: a step that is not an ``@rl_task`` signature (a plain Celery task,
-            whose step relier could not fence, or a group or chord), or a step whose
-            own arguments do not fit its task (the previous result not counted).
-        InvalidTaskId: a step's frozen id (``sig.set(task_id=...)``) that breaks the id
-            rule (``model.ids``): the step is created later, by a commit, so its id is
-            checked now, with the push.
-    """
-    steps = []
-    for sig in reversed(list(rest)):
-        name = getattr(sig, "task", None)
-        spec = getattr(app.tasks.get(name) if isinstance(name, str) else None, "relier_spec", None)
-        if not isinstance(spec, TaskSpec):
-            what = name if isinstance(name, str) else type(sig).__name__
-            raise TypeError(
-                f"chain step {what!r} is not an @rl_task: relier creates each step in the "
-                "same script that commits the one before, which it cannot do for a plain "
-                f"Celery task, a group or a chord ({links.doc('workflows.md')})"
-            )
-        options = sig.options
-        if options.get("chord") is not None:
-            raise TypeError("a chain inside a chord's header is not supported yet")
-        if options.get("link") or options.get("link_error"):
-            raise TypeError(
-                f"chain step {spec.name!r} has a link= or link_error= of its own (a "
-                "chain's link goes to its last step), which relier does not support yet; "
-                "link the chain's first task, or add the callback as a step"
-            )
-        sig_args, sig_kwargs = tuple(sig.args), dict(sig.kwargs)
-        # The previous step's result comes first: its type is only known then.
-        probe = sig_args if sig.immutable else (None, *sig_args)
-        arguments.check(spec, probe, sig_kwargs)
-        chosen = options.get("task_id")
-        if chosen is not None:
-            ids.check_id(chosen, f"chain step {spec.name!r} task_id")
-        flow = _step_flow(options, spec, f"chain step {spec.name!r}")
-        steps.append(
-            workflow.Step(
-                task=spec.name,
-                id=chosen or uuid.uuid4().hex,
-                args=sig_args,
-                kwargs=sig_kwargs,
-                queue=options.get("queue") or spec.queue or "",
-                immutable=bool(sig.immutable),
-                version=spec.schema.version,
-                priority=_step_priority(options, spec),
-                limit=flow["limit"],
-                limit_key=flow["limit_key"],
-            )
-        )
-    return steps
-
-
-def _linked(app: Any, given: Any, *, errback: bool) -> list[workflow.Step]:
-    """The callbacks (``link=``) or errbacks (``link_error=``) of a push, from one
-    signature or a list of them, each checked now: a callback takes the result first,
-    an errback the failed task's id (unless immutable, ``.si()``).
-
-    Raises:
-        TypeError: a signature that is not a plain ``@rl_task`` one (a plain Celery
-            task, a group, a chain, a signature with links of its own), whose arguments
-            do not fit its task, or an errback whose task has flow control.
-        InvalidTaskId: a frozen ``task_id`` that breaks the id rule (``model.ids``).
-    """
-    if given is None:
-        return []
-    option = "link_error" if errback else "link"
-    out = []
-    for sig in given if isinstance(given, list | tuple) else [given]:
-        sig = maybe_signature(sig, app=app)
-        name = getattr(sig, "task", None)
-        spec = getattr(app.tasks.get(name) if isinstance(name, str) else None, "relier_spec", None)
-        if not isinstance(spec, TaskSpec) or sig.options.get("chain"):
-            what = name if isinstance(name, str) else type(sig).__name__
-            raise TypeError(
-                f"{option}={what!r} is not an @rl_task signature: relier creates it in the "
-                f"same script that ends this task, which it cannot do for a plain Celery "
-                f"task, a group, a chain or a chord ({links.doc('workflows.md', 'links')})"
-            )
-        if sig.options.get("link") or sig.options.get("link_error"):
-            raise TypeError(f"{option}={spec.name!r} has links of its own: not supported yet")
-        flow = _step_flow(sig.options, spec, f"{option} {spec.name!r}")
-        if errback and (spec.limits or flow["limit"] or flow["limit_key"]):
-            raise TypeError(
-                f"link_error={spec.name!r}: an errback whose task has flow control "
-                "(concurrency=, limit=, rate=, or a signature's own) is not supported yet"
-            )
-        sig_args, sig_kwargs = tuple(sig.args), dict(sig.kwargs)
-        # What comes first is known only then: the result, or the failed task's id.
-        probe = sig_args if sig.immutable else ("0" if errback else None, *sig_args)
-        arguments.check(spec, probe, sig_kwargs)
-        chosen = sig.options.get("task_id")
-        if chosen is not None:
-            ids.check_id(chosen, f"{option} {spec.name!r} task_id")
-        limit = spec.max_resurrections
-        out.append(
-            workflow.Step(
-                task=spec.name, id=chosen or uuid.uuid4().hex, args=sig_args,
-                kwargs=sig_kwargs, queue=sig.options.get("queue") or spec.queue or "",
-                immutable=bool(sig.immutable), version=spec.schema.version,
-                priority=_step_priority(sig.options, spec), limit=flow["limit"],
-                limit_key=flow["limit_key"],
-                max_resurrections=(
-                    resurrections.stored(limit, config.current().resurrection_policy())
-                    if errback else None
-                ),
-            )
-        )  # fmt: skip
-    return out
-
-
-def _step_priority(options: Mapping[str, Any], spec: TaskSpec) -> int | None:
-    """The priority of a task a commit or a filing creates (a chain's later step, a
-    chord's callback, a link's callback or errback): its signature's own
-    (``.set(priority=)``), else its task's default."""
-    given = options.get("priority")
-    if given is None:
-        return spec.priority
-    return options_mod.check_priority(given, f"chain step {spec.name!r} priority")
-
-
-def _step_flow(options: Mapping[str, Any], spec: TaskSpec, where: str) -> dict[str, str | None]:
-    """A step's own flow control (``.set(limit=, concurrency_key=)``) as ``Step``'s
-    ``limit`` and ``limit_key``, checked with the push, since a commit creates the step
-    later (both None when it gives none).
-
-    Raises:
-        TypeError, ValueError: as ``limits.check_call``; a key with no limit to key.
-    """
-    limit, key = options_mod.call_flow(options, where)
-    if key is not None and limit is None and not spec.limits:
-        raise ValueError(
-            f"{where}: concurrency_key={key!r} keys nothing: the task has no concurrency=, "
-            "limit= or rate=, and the signature gives no limit="
-        )
-    return {"limit": limit, "limit_key": key}
 
 
 def _entry(self: RelierTask, *args: Any, **kwargs: Any) -> Any:
@@ -719,6 +574,7 @@ def _inline_context(
         hostname=ctx.worker.rpartition(":")[0],
         queue=(request.delivery_info or {}).get("routing_key") or spec.queue or "",
         is_eager=eager, called_directly=bool(request.called_directly) and not eager,
+        parent=str(request.parent_id or ""), expires_ms=getattr(request, "relier_expires_ms", None),
     )  # fmt: skip
     if eager:  # eager mode reads what the body's retry() decided from here (push/eager.py)
         request._relier_ctx = ctx

@@ -24,6 +24,7 @@ def _seen(self: Any, label: str) -> int:
         "kwargs": dict(request.kwargs), "is_eager": request.is_eager, "task": request.task,
         "root_id": request.root_id, "fence": self.fence_token, "attempt": self.attempt,
         "eta": request.eta, "routing_key": request.delivery_info["routing_key"],
+        "parent_id": request.parent_id, "expires": request.expires,
     }  # fmt: skip
     return int(sync_client(config.current()).rpush(f"demo:bound:{label}", json.dumps(entry)))
 
@@ -90,3 +91,17 @@ def autoretry_kwargs(self: Any, label: str) -> None:
     """Celery's ``retry_kwargs``: its ``max_retries`` bounds ``autoretry_for``."""
     _seen(self, label)
     raise KeyError(label)
+
+
+@rl_task(name="demo.bound.lineage", bind=True)
+def lineage(self: Any, previous: Any = None, *, label: str = "lineage") -> str:
+    """Records its request (``parent_id``, ``expires``) and returns its id, so a chain of
+    them hands each step the one before's id."""
+    _seen(self, label)
+    return str(self.request.id)
+
+
+@rl_task(name="demo.bound.spawner", bind=True)
+def spawner(self: Any, label: str) -> str:
+    """Pushes ``lineage`` from its body; returns the pushed task's id."""
+    return lineage.push(label=label).task_id

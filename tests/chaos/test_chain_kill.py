@@ -100,3 +100,68 @@ def test_a_chord_member_killed_mid_run_still_fires_the_callback_once(worker_fact
     finally:
         app.conf.result_backend, app._backend_cache = before, None
         vars(app._local).pop("backend", None)
+
+
+def test_a_chain_inside_a_chord_killed_mid_step_fills_its_place_once(worker_factory, redis_client):
+    from tests.integration.workflows.test_chord import BACKEND  # relier's backend starts chords
+
+    before = app.conf.result_backend
+    app.conf.result_backend, app._backend_cache = BACKEND, None
+    vars(app._local).pop("backend", None)
+    try:
+        worker = worker_factory(extra_env=FAST)
+        client = sync_client(config.current())
+        add = tasks.step_add
+        header = [
+            add.s(100, 0),
+            chain(add.s(1, 1), add.s(10, sleep_s=3.0), add.s(100)),  # 2, 12, 112
+            chain(add.s(0, 5), add.s(5)),  # 5, 10
+        ]
+        result = chord(header)(tasks.step_sum.s(0))
+        ids = steps(result.parent.results[1])
+        worker.kill_child(running_pid(client, ids[1]))  # the chain's middle step, mid-run
+
+        assert relier_django.result(result.id).get(timeout=60) == 100 + 112 + 10
+        # The killed step ran again at fence 2 and committed once; its chain went on.
+        assert [fences(redis_client, i) for i in ids] == [[1], [1, 2], [1]]
+        assert fences(redis_client, result.id) == [1]  # the callback ran once
+        callback_got = json.loads(redis_client.lrange(f"demo:step-x:{result.id}", 0, -1)[0])
+        assert callback_got == [100, 112, 10]  # the chain's last result in its place
+        assert_no_leaked_keys(redis_client)
+    finally:
+        app.conf.result_backend, app._backend_cache = before, None
+        vars(app._local).pop("backend", None)
+
+
+def test_a_chord_member_inside_a_chain_killed_mid_run_lets_the_chain_go_on_once(
+    worker_factory, redis_client
+):
+    import uuid
+
+    from celery import group
+
+    from tests.integration.workflows.test_chord import BACKEND  # relier's backend starts chords
+
+    before = app.conf.result_backend
+    app.conf.result_backend, app._backend_cache = BACKEND, None
+    vars(app._local).pop("backend", None)
+    try:
+        worker = worker_factory(extra_env=FAST)
+        client = sync_client(config.current())
+        add = tasks.step_add
+        victim = f"member-{uuid.uuid4().hex[:8]}"
+        header = group(add.s(10, sleep_s=3.0).set(task_id=victim), add.s(20), add.s(30))
+        last = chain(add.s(1, 1), header, tasks.step_sum.s(0), add.s(1)).apply_async()
+        worker.kill_child(running_pid(client, victim))  # a header member, mid-run
+
+        assert relier_django.result(last.id).get(timeout=60) == 12 + 22 + 32 + 1
+        assert fences(redis_client, victim) == [1, 2]  # resurrected, committed once
+        assert fences(redis_client, last.id) == [1]
+        callback = steps(last)[-2]
+        assert fences(redis_client, callback) == [1]  # the chord's callback ran once
+        got = json.loads(redis_client.lrange(f"demo:step-x:{callback}", 0, -1)[0])
+        assert got == [12, 22, 32]  # every member's result, in header order
+        assert_no_leaked_keys(redis_client)
+    finally:
+        app.conf.result_backend, app._backend_cache = before, None
+        vars(app._local).pop("backend", None)

@@ -68,7 +68,24 @@ TRIGGERS = [
         "app.send_task(name, args): Celery's own message, adopted by the worker",
     ),
     Trigger("debounce", triggers.debounced, False, "the last of two debounced pushes (2.5 s)"),
-]
+    Trigger(
+        "chain in chord", triggers.chain_in_chord, True,
+        "the first step of a chain of two, a chord header's second member",
+    ),
+    Trigger(
+        "chord in chain", triggers.chord_in_chain, True,
+        "the second member of a group inside a chain (a chord the step before creates)",
+    ),
+    Trigger(
+        "link callback", triggers.linked_callback, False,
+        "a link= callback, created by its parent's commit",
+    ),
+    Trigger(
+        "linked parent", triggers.linked_parent, False,
+        "a task with a link= callback (its commit creates it) and a link_error= errback "
+        "(its filing in the DLQ creates it); cancelled, it creates neither",
+    ),
+]  # fmt: skip
 IDEMPOTENCY = [
     Idempotency("plain", False, "a task without idempotency"),
     Idempotency(
@@ -135,7 +152,7 @@ EXCLUDED = [
     Exclusion(
         {
             "trigger": ("direct push", "countdown", "periodic tick", "chain head", "chain step",
-                        "group member", "send_task by name"),
+                        "group member", "send_task by name", "link callback", "linked parent"),
             "fate": "late release",
         },
         "only a chord keeps state with a TTL that a release can outlive (a chain carries "

@@ -15,6 +15,7 @@ first has ended, as the scanner would fire it a period later).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -191,3 +192,115 @@ def debounced(case: Case) -> Iterator[None]:
                      f"the store shows {record or 'no outcome'}")  # fmt: skip
     if any(run.task_id == first for run in case.runs()):
         case.problem(f"the first debounced push {first} ran, though superseded")
+
+
+def linked_callback(case: Case) -> Iterator[None]:
+    """The cell's task as a ``link=`` callback of a plain parent: created by the
+    parent's commit, in the same script (docs/workflows.md#links)."""
+    case.push_twin()
+    parent, own = case.announce("parent"), case.announce("own")
+    with case.transaction():
+        tasks.neighbour.apply_async(
+            (case.label, 0), link=case.signature(own), **case.around(parent)
+        )
+    case.follow(parent, "the parent (its commit creates the cell's task)")
+    case.follow(own, "the parent's callback (the cell's task)", own=True, atomic=case.atomic)
+    case.touch("pushed the parent")
+    yield
+
+
+def linked_parent(case: Case) -> Iterator[None]:
+    """The cell's task with a ``link=`` callback (created by its commit, given its
+    result) and a ``link_error=`` errback (created only by its filing in the DLQ). An
+    idempotent cell's push is its twin's duplicate, which runs nothing, its links
+    included (docs/workflows.md#links): checked once the wave settled."""
+    case.push_twin()
+    own, callback, errback = (case.announce(n) for n in ("own", "callback", "errback"))
+    on_success = tasks.tail.s(case.label).set(**case.around(callback))
+    on_error = tasks.neighbour.si(case.label, 9).set(**case.around(errback))
+    with case.transaction():
+        receipt = case.cell.task.apply_async(
+            (case.label,), {"first": case.first}, task_id=own, queue=case.queue,
+            link=on_success, link_error=on_error,
+        )  # fmt: skip
+    case.follow_receipt(receipt, "the cell's task (with a link and a link_error)")
+    duplicate = case.cell.idempotency.idempotent
+    if not duplicate:
+        case.follow(callback, "its callback (link=)", behind=True)
+        if case.cell.fate.releases:  # filed in the DLQ once: its errback is created then
+            case.follow(errback, "its errback (link_error=)")
+    case.touch("pushed the linked task")
+    yield
+    if duplicate:
+        _check_a_duplicates_links(case, own, callback, errback)
+        return
+    done, got = case._result(own), case._result(callback)
+    while done is not None and got is None and time.monotonic() < case.deadline:
+        time.sleep(0.2)  # the commit created it: it runs within the bound
+        got = case._result(callback)
+    if done is not None and got is not None and got["previous"] != done:
+        case.problem(f"the callback got {got['previous']!r}, not the task's result {done!r}")
+    if not case.cell.fate.releases and _created(case, errback):
+        case.problem("its errback was created, though the task never went to the DLQ")
+
+
+def _created(case: Case, task_id: str) -> bool:
+    state = case.lab.state(task_id)
+    return bool(state.exists or state.record or state.dlq)
+
+
+def _check_a_duplicates_links(case: Case, own: str, callback: str, errback: str) -> None:
+    """An idempotent cell's push: a duplicate of its twin creates neither link; a push
+    that ran after all (the twin's key released first) created its callback once."""
+    if not _created(case, own):
+        for task_id, name in ((callback, "callback"), (errback, "errback")):
+            if _created(case, task_id):
+                case.problem(f"its {name} was created, though its push was a duplicate")
+        return
+    case.note("the cell's push ran under its own id (not a duplicate)")
+    case.follow(callback, "its callback (link=)", behind=True)
+
+
+def chain_in_chord(case: Case) -> Iterator[None]:
+    """The cell's task the first step of a chain of two that is the second member of a
+    chord's header of three: the chain's last step fills its place."""
+    case.push_twin()
+    members = _members(case)
+    chain_last = tasks.tail.s(case.label).set(**case.around(case.announce("chainlast")))
+    callback = tasks.collect.s(case.label).set(**case.around(case.announce("callback")))
+    header = [members[0], chain(members[1], chain_last), members[2]]
+    with case.transaction():
+        result = chord(header)(callback)
+    names = ["member 0", "member 1, a chain's first step (the cell's task)", "member 2"]
+    for position, sig in enumerate(members):
+        own = position == 1
+        case.follow(sig.id, names[position], own=own, atomic=own and case.atomic)
+    case.follow(chain_last.id, "member 1's last step", behind=True)
+    case.follow(callback.id, "the chord's callback", behind=True)
+    case.members = [members[0].id, chain_last.id, members[2].id]
+    case.callback, case.workflow_id = callback.id, result.parent.id
+    case.touch("pushed the chord with a chain in its header")
+    yield
+
+
+def chord_in_chain(case: Case) -> Iterator[None]:
+    """The cell's task the second member of a group inside a chain (Celery's chord, its
+    callback the step after the group, then one more step): the header is created by
+    the commit of the step before it."""
+    case.push_twin()
+    first = tasks.neighbour.si(case.label, 9).set(**case.around(case.announce("step0")))
+    members = _members(case)
+    callback = tasks.collect.s(case.label).set(**case.around(case.announce("callback")))
+    after = tasks.tail.s(case.label).set(**case.around(case.announce("tail")))
+    with case.transaction():
+        chain(first, group(members), callback, after).apply_async()
+    case.follow(first.id, "the chain's first step (its commit creates the header)")
+    _follow_members(case, members)
+    case.follow(callback.id, "the chord's callback", behind=True)
+    case.follow(after.id, "the step after the callback", behind=True)
+    case.callback, case.workflow_id = callback.id, first.id
+    case.touch("pushed the chain with a group inside")
+    yield
+    done, got = case._result(callback), case._result(after)
+    if done is not None and got is not None and got["previous"] != done:
+        case.problem(f"the step after the callback got {got['previous']!r}, not {done!r}")

@@ -161,7 +161,7 @@ def test_an_envelope_carrying_links_is_written_in_format_3_and_read_back_whole()
     body = json.loads(linked.encode())
     assert (body["v"], body["link"], body["link_error"]) == (3, [step], [errback])
     assert decode(linked.encode()) == dataclasses.replace(linked, v=3)
-    assert FORMAT_VERSION == 3
+    assert FORMAT_VERSION == 4
     assert json.loads(Envelope(id="t", task="x", link_error=(errback,)).encode())["v"] == 3
     with pytest.raises(EnvelopeError, match="a link step is not an object") as err:
         decode(with_checksum({**body, "link": ["y"]}))
@@ -352,3 +352,34 @@ def test_a_push_s_own_limit_rides_in_the_envelope_and_is_absent_when_none():
     back = decode(limited.encode())
     assert (back.limit, back.limit_key) == ("sms", "42")
     assert back.next_incarnation().limit == "sms"  # a retry or resurrection keeps it
+
+
+def test_a_parent_and_an_expiry_are_carried_by_every_incarnation_and_absent_when_none():
+    env = decode(dataclasses.replace(ENV, parent="p-1", expires_ms=1_700_000_000_000).encode())
+    assert (env.parent, env.expires_ms, env.extra) == ("p-1", 1_700_000_000_000, {})
+    retried = env.next_incarnation(attempt=2)
+    assert (retried.parent, retried.expires_ms) == ("p-1", 1_700_000_000_000)
+    body = json.loads(ENV.encode())  # none given: byte for byte as before
+    assert "parent" not in body and "expires_ms" not in body and body["v"] == ENV.v
+    body["expires_ms"] = "soon"
+    with pytest.raises(EnvelopeError, match="expires_ms"):
+        decode(with_checksum(body))
+
+
+@pytest.mark.parametrize(
+    "nested",
+    [
+        {"chain": ({"task": "y", "id": "t2"},), "chord": {"id": "g", "index": 0, "callback": {}}},
+        {"chain": ({"task": "y", "id": "t2", "link": [{"task": "z", "id": "t3"}]},)},
+        {"link": ({"task": "z", "id": "t3", "chord": {"id": "g", "index": 0, "size": 1}},)},
+        {"chord": {"id": "g", "index": 0, "callback": {"task": "c", "id": "cb", "chain": []}}},
+    ],
+    ids=["chain-in-chord", "group-ending-chain", "chord-in-chain", "callback-with-rest"],
+)
+def test_a_nested_workflow_is_written_in_format_4_and_a_flat_one_as_before(nested):
+    # A format-3 reader would drop what the steps nest: it refuses format 4 instead.
+    env = Envelope(id="t", task="x", **nested)
+    assert json.loads(env.encode())["v"] == 4
+    assert decode(env.encode()) == dataclasses.replace(env, v=4)
+    flat = Envelope(id="t", task="x", chain=({"task": "y", "id": "t2"},))
+    assert json.loads(flat.encode())["v"] == 2

@@ -147,3 +147,11 @@ def test_retry_jitter_false_gives_the_whole_backoff_step():
     rng = random.Random(1)
     assert backoff_s(3, 1.0, 60.0, rng, jitter=False) == 4.0
     assert 2.0 <= backoff_s(3, 1.0, 60.0, rng) <= 4.0
+
+
+def test_parent_id_and_expires_are_what_the_envelope_carries_else_none():
+    request = Request("t-1", "unit.bound", 0, parent="t-0", expires_ms=1_767_323_045_000)
+    assert request.parent_id == "t-0" and request.get("parent_id") == "t-0"
+    assert request.expires == "2026-01-02T03:04:05+00:00"  # ISO 8601, as eta
+    bare = Request("t-1", "unit.bound", 0)
+    assert bare.parent_id is None and bare.expires is None

@@ -7,7 +7,16 @@ from __future__ import annotations
 import pytest
 
 from relier_django.core.model.envelope import Envelope
-from relier_django.core.model.workflow import Step, chain_of, errbacks, linked, successor
+from relier_django.core.model.workflow import (
+    Step,
+    chain_of,
+    errbacks,
+    following,
+    linked,
+    opened_chords,
+    planned,
+    successor,
+)
 
 
 def _first(*steps: Step) -> Envelope:
@@ -90,3 +99,52 @@ def test_a_step_created_later_keeps_its_signatures_priority():
     assert "priority" not in Step(task="t", id="x").wire()  # none: the wire as before
     with pytest.raises(ValueError, match="malformed"):
         Step.from_wire({"task": "t", "id": "x", "priority": "9"})
+
+
+def test_a_chain_in_a_chords_header_counts_only_its_last_steps_commit():
+    place = {"id": "g1", "index": 2, "callback": Step("t.sum", "cb").wire()}
+    env = Envelope(
+        id="s1", task="t.a", workflow="s1", chain=chain_of([Step("t.b", "s2")]), chord=place
+    )
+    made = following(env, 1, created_ms=5)
+    # The first step's commit creates its successor and counts nothing for the chord.
+    assert made is not None and made.chord is None and made.env.id == "s2"
+    assert made.env.chord == place  # its place passes on to the chain's last step
+    assert made.env.parent == "s1"  # Celery's parent_id: the step whose commit made it
+    last = following(made.env, 2, created_ms=6)
+    assert last is not None and (last.chord, last.index, last.env.id) == ("g1", 2, "cb")
+    assert last.env.parent == "s2"  # the member whose commit completed the header
+
+
+def test_a_step_carries_its_callbacks_to_its_envelope():
+    member = Step("t.m", "m1").wire()
+    env = _first(Step("t.b", "s2", link=(member,)))
+    nxt = successor(env, 4, created_ms=1)
+    assert nxt is not None and nxt.link == (member,)
+    assert Step.from_wire(Step("t.b", "s2", link=(member,)).wire()).link == (member,)
+    assert [(c.id, c.args, c.parent) for c in linked(nxt, 6, created_ms=2)] == [("m1", (6,), "s2")]
+
+
+def test_a_chord_inside_a_chain_is_opened_by_the_step_before_its_group():
+    then = Step("t.after", "s9").wire()
+    callback = Step("t.sum", "cb", chain=(then,))
+    place = {"id": "g1", "size": 2, "callback": callback.wire()}
+    members = [Step("t.m", f"m{i}", chord={**place, "index": i}).wire() for i in range(2)]
+    env = _first(Step("t.b", "s2", link=tuple(members)))
+    step = successor(env, 1, created_ms=1)
+    assert step is not None and opened_chords(step) == {"g1": 2} and opened_chords(env) == {}
+    created = linked(step, 5, created_ms=2)
+    # Each member takes the step's result first and its place in the header.
+    assert [(m.id, m.args, m.chord["index"], m.workflow) for m in created] == [
+        ("m0", (5,), 0, "g1"), ("m1", (5,), 1, "g1"),
+    ]  # fmt: skip
+    made = following(created[1], 7, created_ms=3)
+    assert made is not None and made.env.id == "cb" and [s["id"] for s in made.env.chain] == ["s9"]
+    assert planned(env.chain) == [("s2", "t.b"), ("m0", "t.m"), ("cb", "t.sum"), ("s9", "t.after"),
+                                  ("m1", "t.m")]  # fmt: skip
+    with pytest.raises(ValueError, match="malformed"):
+        opened_chords(_first_with_link({"task": "t.m", "id": "m", "chord": {"id": "g"}}))
+
+
+def _first_with_link(raw):
+    return Envelope(id="s1", task="t.a", link=(raw,))

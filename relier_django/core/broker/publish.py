@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from kombu import pools
 from kombu.entity import Queue
 from kombu.transport import redis as kombu_redis
 
@@ -27,6 +28,40 @@ _executor: tuple[int, ThreadPoolExecutor] | None = None
 # on (``apply_async(producer=...)``); taking a second from the pool there would
 # deadlock once as many threads as the pool holds do the same (broker_pool_limit, 10).
 _lent: contextvars.ContextVar[Any] = contextvars.ContextVar("relier_lent_producer", default=None)
+# Celery does not lend its producer everywhere: a chain inside a group or a chord's
+# header (Celery's group applies it holding a producer, and the chain applies its first
+# task without it) takes a second. So relier's sends that no caller lent a producer to
+# take theirs from a pool of relier's own, per app and process: a thread holding one of
+# Celery's pool never waits on that pool for relier's send, and relier never holds one
+# of its own while it takes another.
+_pools: dict[tuple[Any, ...], Any] = {}
+
+
+@contextlib.contextmanager
+def _producing(app: Any) -> Iterator[Any]:
+    """The producer lent for this context, else one of relier's own pool."""
+    lent = _lent.get()
+    if lent is not None or not hasattr(app, "producer_pool"):
+        yield lent  # None for an app with no pool of Celery's: it sends its own way
+        return
+    with _pool(app).acquire(block=True) as producer:
+        yield producer
+
+
+def _pool(app: Any) -> Any:
+    connection = app.connection_for_write()  # not connected yet: names the broker
+    # A forked process builds its own (sockets are not shared); a broker changed in
+    # the settings gets its own.
+    where = (connection.as_uri(include_password=True), repr(connection.transport_options))
+    key = (id(app), os.getpid(), *where)
+    with _lock:
+        pool = _pools.get(key)
+        if pool is None:
+            limit = app.conf.broker_pool_limit or 10
+            connections = connection.Pool(limit=limit)
+            pool = pools.ProducerPool(connections, limit=limit, Producer=app.amqp.Producer)
+            _pools[key] = pool
+        return pool
 
 
 @contextlib.contextmanager
@@ -77,14 +112,15 @@ def send(
     Raises whatever the transport raises."""
     if queue:
         declare(app, queue)
-    app.send_task(
-        env.task,
-        args=[encoded if encoded is not None else env.encode()],
-        queue=queue or env.queue or None,
-        countdown=countdown_s or None,
-        producer=_lent.get(),
-        **_options(env),
-    )
+    with _producing(app) as producer:
+        app.send_task(
+            env.task,
+            args=[encoded if encoded is not None else env.encode()],
+            queue=queue or env.queue or None,
+            countdown=countdown_s or None,
+            producer=producer,
+            **_options(env),
+        )
 
 
 def _options(env: Envelope) -> dict[str, Any]:
@@ -119,7 +155,7 @@ def send_batch(app: Any, items: Sequence[tuple[Envelope, str]], queue: str) -> b
     carries one fence, and ``start.lua`` starts one fence once.
     """
     declare(app, queue)
-    with app.producer_or_acquire(_lent.get()) as producer:
+    with _producing(app) as producer:
         batch = getattr(producer, "batch", None)
         if batch is None:  # kombu < 5.7
             return False
@@ -168,7 +204,7 @@ def message_for_store(app: Any, env: Envelope, encoded: str, store: Any) -> Queu
     acquire = getattr(app, "producer_or_acquire", None)
     if acquire is None:  # not a Celery app: nothing to build the message with
         return None
-    with acquire(_lent.get()) as producer:
+    with _producing(app) as producer:
         batch_state = getattr(producer, "_batch_local", None)
         if batch_state is None or not _same_address(producer.connection, store):
             return None

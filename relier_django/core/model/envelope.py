@@ -47,6 +47,12 @@ once every worker is upgraded); every other envelope stays format 1, byte for by
 the DLQ creates) are not ignorable either, for the same reason: an older reader would
 run the task and drop its callbacks. An envelope that carries one is written as
 format 3, which a release that predates them refuses the same way.
+
+A nested workflow (a chain inside a chord's header, whose steps carry the chord's
+place; a group inside a chain, whose members ride as a step's callbacks with their
+place in a header; a chord's callback carrying the steps after it) is format 4: a
+format-3 reader would read the steps and drop what they nest, so the chord's callback
+would never be created, or a group's members never run.
 """
 
 from __future__ import annotations
@@ -61,9 +67,10 @@ from typing import Any
 from .errors import EnvelopeError
 from .signing import SignatureInvalid, Signer
 
-FORMAT_VERSION = 3  # the newest format this release reads
+FORMAT_VERSION = 4  # the newest format this release reads
 _CHAIN_FORMAT = 2  # the format of an envelope that carries a chain
 _LINK_FORMAT = 3  # the format of an envelope that carries a link or a link_error
+_NESTED_FORMAT = 4  # one whose workflow nests (a chain in a chord, a group in a chain)
 # Wire keys that are not fields: the checksum and the signature over the rest.
 _CHECKSUM, _SIGNATURE = "sha256", "hmac"
 
@@ -129,6 +136,15 @@ class Envelope:
     # task's own. Ignorable, as priority.
     limit: str | None = None
     limit_key: str | None = None
+    # Celery's parent_id: the task whose commit created this one (a chain's step before,
+    # the task a callback or errback is linked to, the member completing a chord's
+    # header), or the task that pushed it from its body; "" for neither. Ignorable, as
+    # priority: an older reader keeps it in extra.
+    parent: str = ""
+    # Celery's expires: the epoch ms after which a start is refused (expires=), as the
+    # producer's clock put it (the store enforces it on its own clock); None: none.
+    # Ignorable too.
+    expires_ms: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -152,10 +168,11 @@ class Envelope:
         else:  # absent, not {}: untraced envelopes stay as they were (module docstring)
             del body["trace"]
         # Absent when empty, as trace: an envelope outside a workflow is unchanged.
-        for name in ("priority", "limit", "limit_key"):
+        for name in ("priority", "limit", "limit_key", "expires_ms"):
             if body[name] is None:
                 del body[name]
-        for name in ("workflow", "chain", "chord", "header", "push", "link", "link_error"):
+        for name in ("workflow", "chain", "chord", "header", "push", "link", "link_error",
+                     "parent"):  # fmt: skip
             if not body[name]:
                 del body[name]
         for name in ("chain", "link", "link_error"):
@@ -167,6 +184,8 @@ class Envelope:
             body["v"] = max(self.v, _CHAIN_FORMAT)
         if self.link or self.link_error:
             body["v"] = max(self.v, _LINK_FORMAT)
+        if _nests(self):
+            body["v"] = max(self.v, _NESTED_FORMAT)
         body.update(self.extra)
         return body
 
@@ -182,6 +201,19 @@ class Envelope:
         return canonical(body)
 
 
+_NESTING = ("link", "chord", "chain")  # a step's fields that nest a workflow in it
+
+
+def _nests(env: Envelope) -> bool:
+    """Whether ``env``'s workflow nests: a chain inside a chord's header (its steps
+    carry the chord's place), a group inside a chain (a step's callbacks, or header
+    members with their place), or a chord's callback carrying the steps after it."""
+    if env.chain and env.chord:
+        return True
+    steps = (*env.chain, *env.link, *([env.chord["callback"]] if "callback" in env.chord else []))
+    return any(isinstance(s, Mapping) and any(k in s for k in _NESTING) for s in steps)
+
+
 _WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(Envelope) if f.name != "extra")
 _REQUIRED = {"id", "task", "fence", "v", _CHECKSUM}
 # What the runner relies on: a message whose checksum matches but whose fields have
@@ -192,6 +224,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
     "created_ms": int, "schema_version": int, "trace": dict, "workflow": str, "chain": list,
     "chord": dict, "header": str, "push": str, "link": list, "link_error": list,
     "priority": (int, type(None)), "limit": (str, type(None)), "limit_key": (str, type(None)),
+    "parent": str, "expires_ms": (int, type(None)),
 }  # fmt: skip
 
 

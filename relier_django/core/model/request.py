@@ -12,15 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 #: Celery's request fields relier cannot honour, and what to use instead.
 UNSUPPORTED: Mapping[str, str] = {
-    "parent_id": "relier does not record which task pushed this one; pass its id "
-    "(ctx.task_id) as an argument",
-    "expires": "an expiry is checked before the start (a task not started in time is "
-    "dead-lettered, reason expired, and never runs); a started task runs to its outcome",
     "callbacks": "link= callbacks ride in the envelope and are created by the commit; "
     "they are not readable here",
     "errbacks": "link_error= errbacks ride in the envelope and are created by the filing "
@@ -49,8 +45,8 @@ UNSUPPORTED: Mapping[str, str] = {
 @dataclass(frozen=True, slots=True)
 class Request:
     """Celery's ``task.request`` for one incarnation: read-only, with Celery's names and
-    meanings. A Celery field relier cannot honour (``parent_id``, ``expires``,
-    ``headers``, ...) raises ``NotImplementedError`` naming the alternative.
+    meanings. A Celery field relier cannot honour (``headers``, ``callbacks``, ...)
+    raises ``NotImplementedError`` naming the alternative.
 
     Attributes:
         id: the task id, stable across retries and resurrections.
@@ -73,6 +69,13 @@ class Request:
         group_index: this task's place in its chord's header, or ``None``.
         chord: the id of the chord whose header this task is a member of, or ``None``.
         correlation_id: the task id, as Celery sets it.
+        parent_id: the id of the task whose commit created this one (a chain's step
+            before, the task a callback or errback is linked to, the header member whose
+            commit completed a chord), else of the task whose body pushed it; ``None``
+            for a push from outside a task's run, or by a release older than the field.
+        expires: the push's ``expires=``, ISO 8601 in UTC, as the producer's clock put
+            it (the store refuses a start after it, on its own clock); ``None`` when
+            the push gave none. A started task runs to its outcome whatever the time.
         priority: the push's priority (0..9, 9 taken first), ``None`` when it gave none.
     """
 
@@ -89,6 +92,18 @@ class Request:
     workflow: str = ""  # Envelope.workflow: the workflow's identity, "" outside one
     chord_member: Mapping[str, Any] = field(default_factory=dict)  # Envelope.chord
     priority: int | None = None
+    parent: str = ""  # Envelope.parent
+    expires_ms: int | None = None  # Envelope.expires_ms
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.parent or None
+
+    @property
+    def expires(self) -> str | None:
+        if self.expires_ms is None:
+            return None
+        return datetime.fromtimestamp(self.expires_ms / 1000, tz=UTC).isoformat()
 
     @property
     def eta(self) -> str | None:

@@ -44,6 +44,15 @@ class Step:
     # Envelope.limit and Envelope.limit_key; absent from the wire when None.
     limit: str | None = None
     limit_key: str | None = None
+    # The callbacks this step's commit creates (a group that ends its chain: each member
+    # given this step's result), as Step.wire() each; absent from the wire when empty.
+    link: tuple[Mapping[str, Any], ...] = ()
+    # A chord inside a chain (Celery's group followed by a step): a header member, made
+    # a callback of the step before the group, carries its place in the header
+    # ({"id", "index", "size", "callback"}); the chord's callback carries the steps
+    # that follow it (``chain``). Absent from the wire when empty.
+    chord: Mapping[str, Any] = field(default_factory=dict)
+    chain: tuple[Mapping[str, Any], ...] = ()
 
     def wire(self) -> dict[str, Any]:
         out = {
@@ -59,6 +68,12 @@ class Step:
             out["limit"] = self.limit
         if self.limit_key is not None:
             out["limit_key"] = self.limit_key
+        if self.link:
+            out["link"] = [dict(raw) for raw in self.link]
+        if self.chord:
+            out["chord"] = dict(self.chord)
+        if self.chain:
+            out["chain"] = [dict(raw) for raw in self.chain]
         return out
 
     def flow(self) -> dict[str, Any]:
@@ -77,6 +92,9 @@ class Step:
                 max_resurrections=_maxres(raw.get("maxres")),
                 priority=_priority(raw.get("priority")),
                 limit=_text(raw.get("limit")), limit_key=_text(raw.get("limit_key")),
+                link=tuple(dict(x) for x in raw.get("link", ())),
+                chord=dict(raw.get("chord", {})),
+                chain=tuple(dict(x) for x in raw.get("chain", ())),
             )  # fmt: skip
         except (KeyError, TypeError) as exc:
             raise ValueError(f"a chain step is malformed: {raw!r}") from exc
@@ -150,14 +168,18 @@ def following(env: Envelope, result: Any, created_ms: int) -> Next | None:
         id=step.id, task=step.task, args=step.args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
         workflow=group_id, header="" if step.immutable else group_id,
-        push=push_token_after(env, step.id), **step.flow(),
+        push=push_token_after(env, step.id), parent=env.id, chain=step.chain, link=step.link,
+        **step.flow(),
     )  # fmt: skip
     return Next(callback, group_id, index)
 
 
 def successor(env: Envelope, result: Any, created_ms: int) -> Envelope | None:
     """The envelope of the step after ``env``'s, given ``env``'s result; None when
-    ``env`` is the last step (or not in a chain).
+    ``env`` is the last step (or not in a chain). A chain inside a chord's header
+    passes its place in the header (``chord``) on, step by step, to its last step,
+    whose commit is the one the chord counts; a step's callbacks (``link``: a group
+    that ends the chain) ride in its envelope, created by its own commit.
 
     Raises:
         ValueError: the next step is malformed.
@@ -170,7 +192,8 @@ def successor(env: Envelope, result: Any, created_ms: int) -> Envelope | None:
         id=step.id, task=step.task, args=args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
         workflow=env.workflow or env.id,
-        chain=env.chain[1:], push=push_token_after(env, step.id), **step.flow(),
+        chain=env.chain[1:], chord=dict(env.chord), link=step.link,
+        push=push_token_after(env, step.id), parent=env.id, **step.flow(),
     )  # fmt: skip
 
 
@@ -179,8 +202,57 @@ def _first_taking(env: Envelope, step: Step, first: Any, created_ms: int) -> Env
     return Envelope(
         id=step.id, task=step.task, args=args, kwargs=dict(step.kwargs), queue=step.queue,
         created_ms=created_ms, schema_version=step.version, trace=env.trace,
-        push=push_token_after(env, step.id), **step.flow(),
+        push=push_token_after(env, step.id), parent=env.id,
+        chord=dict(step.chord), workflow=str(step.chord["id"]) if step.chord else "",
+        **step.flow(),
     )  # fmt: skip
+
+
+def holds_a_chord(env: Envelope) -> bool:
+    """Whether ``env`` is a chord's header member, or its workflow opens a chord later
+    (a group inside its chain)."""
+    later = [*env.link, *(raw for step in env.chain for raw in step.get("link", ()))]
+    return bool(env.chord) or any(raw.get("chord") for raw in later)
+
+
+def planned(steps: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """Every task ``steps`` (as ``Step.wire()`` gives them) will create, in order,
+    each once, as (task id, task name): the steps, their callbacks (a group ending a
+    chain, a chord's header inside it), a chord's callback and the steps after it."""
+    out: dict[str, str] = {}
+
+    def walk(raw: Mapping[str, Any]) -> None:
+        out.setdefault(str(raw["id"]), str(raw["task"]))
+        for link in raw.get("link", ()):
+            walk(link)
+        if raw.get("chord"):
+            walk(raw["chord"]["callback"])
+        for step in raw.get("chain", ()):
+            walk(step)
+
+    for raw in steps:
+        walk(raw)
+    return list(out.items())
+
+
+def opened_chords(env: Envelope) -> dict[str, int]:
+    """The chords ``env``'s commit opens (a group after it in its chain, Celery's chord
+    inside a chain): each group id with its header's size, which the state must hold
+    before a member can commit.
+
+    Raises:
+        ValueError: a member's place is malformed.
+    """
+    out: dict[str, int] = {}
+    for raw in env.link:
+        place = raw.get("chord")
+        if not place:
+            continue
+        try:
+            out[str(place["id"])] = int(place["size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"a chord member's place is malformed: {place!r}") from exc
+    return out
 
 
 def linked(env: Envelope, result: Any, created_ms: int) -> tuple[Envelope, ...]:

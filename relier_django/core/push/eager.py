@@ -347,11 +347,13 @@ def deliver(
 
 
 def _refuse_chord(env: Envelope) -> None:
-    if env.chord:
+    # Before anything runs: a chord later in a chain would stop it half-way.
+    if workflow.holds_a_chord(env):
         raise TypeError(
-            f"{env.task}: a chord member cannot run in RELIER['EAGER'] mode (its callback "
-            "waits for a header kept in Redis); set CELERY_TASK_ALWAYS_EAGER instead, under "
-            "which Celery runs the whole chord in this process"
+            f"{env.task}: a chord member (or a chain with a group inside it) cannot run in "
+            "RELIER['EAGER'] mode (its callback waits for a header kept in Redis); set "
+            "CELERY_TASK_ALWAYS_EAGER instead, under which Celery runs the whole chord in "
+            "this process"
         )
 
 
@@ -401,6 +403,7 @@ def _call(app: Any, spec: TaskSpec, env: Envelope, attempt: int, seen: list[Any]
     task.push_request(
         id=env.id, args=list(env.args), kwargs=dict(env.kwargs), retries=attempt - 1,
         is_eager=True, delivery_info={"routing_key": env.queue, "is_eager": True},
+        parent_id=env.parent or None, relier_expires_ms=env.expires_ms,
     )  # fmt: skip
     try:
         return task.run(*env.args, **env.kwargs)

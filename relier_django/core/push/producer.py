@@ -14,6 +14,7 @@ behind. The core cannot see Django's transactions: the Django layer installs a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import secrets
@@ -119,10 +120,11 @@ def prepare(
     member = bool(chain or chord or group_id)
     if idem is None and spec.idempotent and not member:
         idem = derive_key(spec.idempotency_key, args, kwargs)
+    _flat_when_partitioned(spec.name, chain, chord, link)
     task_id = _placed(spec.name, task_id, idem)
     return Envelope(
         id=task_id,
-        workflow=group_id or (task_id if chain else ""),
+        workflow=group_id or (task_id if chain or any(s.chord for s in link) else ""),
         chain=workflow.chain_of(chain),
         chord=dict(chord or {}),
         link=workflow.chain_of(link),
@@ -138,6 +140,7 @@ def prepare(
         created_ms=int(time.time() * 1000),
         schema_version=spec.schema.version,
         trace=tracing.inject(),  # the push span's context, when one is in progress
+        parent=_pushing_task(),
         push=secrets.token_hex(8),  # 64 random bits: this push's token (Envelope.identity)
     )
 
@@ -170,6 +173,28 @@ def _placed(task: str, task_id: str | None, idem: str | None) -> str:
             "(docs/scaling.md)"
         )
     return task_id
+
+
+def _flat_when_partitioned(
+    task: str,
+    chain: Sequence[Any] | None,
+    chord: Mapping[str, Any] | None,
+    link: Sequence[Any] | None,
+) -> None:
+    """A nested canvas (a chain inside a chord's header, a group inside or ending a
+    chain) is refused on a partitioned store, where the hand-over (store/handover.py)
+    carries flat chains, chords and links only: not built there yet."""
+    steps = list(chain or ())
+    nested = bool(chord and steps) or any(
+        getattr(s, "chord", None) or getattr(s, "link", None) or getattr(s, "chain", None)
+        for s in (*steps, *(link or ()))
+    )
+    if nested and KeySpace.of(config.current()).tagged:
+        raise TypeError(
+            f"{task}: a chain inside a chord's header, or a group inside or at the end of a "
+            "chain, is not supported on a partitioned store yet (PARTITIONS > 1 or CLUSTER): "
+            "flat chains, chords and links are (docs/workflows.md)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +241,7 @@ class _Push:
         cfg = config.current()
         env = prepare(spec, args, kwargs, task_id, queue, idempotency_key, chain, group_id, chord,
                       link, link_error, priority, flow)  # fmt: skip
+        env = _expiring(env, when)
         encoded = env.encode(cfg.signer)
         arguments.check_size(spec, args, kwargs, encoded, cfg.arguments_max_bytes)
         record = _record_of(env, position)
@@ -436,20 +462,47 @@ def _debounced(
     return keys.debounce(spec.name, key)
 
 
+def _pushing_task() -> str:
+    """The id of the task whose body is pushing (Celery's ``parent_id`` for what it
+    pushes), or "" outside a task's run (a direct call of the body is not a run)."""
+    task = current_task
+    request = getattr(task, "request", None) if task else None
+    if request is None or request.called_directly or not request.id:
+        return ""
+    return str(request.id)
+
+
+def _expiring(env: Envelope, when: Timing) -> Envelope:
+    """``env`` with its expiry (``expires=``) as an epoch time on the producer's clock,
+    for ``self.request.expires``; the store refuses a late start on its own clock."""
+    if when.expires_at_ms is not None:
+        return dataclasses.replace(env, expires_ms=when.expires_at_ms)
+    if when.expires_in_ms is not None:
+        return dataclasses.replace(env, expires_ms=env.created_ms + when.expires_in_ms)
+    return env
+
+
 def _record_of(env: Envelope, position: int | None) -> workflows.Record | None:
     """What this push adds to its workflow's record (None: it is in no workflow)."""
     if env.chord:
         callback = env.chord["callback"]
+        index = int(env.chord["index"])
+        members: list[tuple[int | str, str, str]] = [(index, env.id, env.task)]
+        if env.chain:  # a chain in the header: each of its steps at its place, in order
+            steps = [(env.id, env.task), *((s["id"], s["task"]) for s in env.chain)]
+            members = [(f"{index}.{k}", task_id, task) for k, (task_id, task) in enumerate(steps)]
         return workflows.Record(
-            str(env.chord["id"]), "chord", env.created_ms,
-            [(int(env.chord["index"]), env.id, env.task)], (callback["id"], callback["task"]),
+            str(env.chord["id"]), "chord", env.created_ms, members,
+            (callback["id"], callback["task"]),
         )  # fmt: skip
     if env.workflow and env.workflow != env.id:  # a group's member (or a chain in one)
         return workflows.Record(
             env.workflow, "group", env.created_ms, [(position or 0, env.id, env.task)]
         )
-    if env.chain:
-        later = [(i, step["id"], step["task"]) for i, step in enumerate(env.chain, start=1)]
+    opening = [raw for raw in env.link if raw.get("chord")]  # a chord right after it
+    if env.chain or opening:
+        tasks = workflow.planned([*opening, *env.chain])
+        later = [(i, task_id, task) for i, (task_id, task) in enumerate(tasks, start=1)]
         return workflows.Record(env.id, "chain", env.created_ms, [(0, env.id, env.task), *later])
     return None
 

@@ -20,7 +20,7 @@ import uuid
 from enum import IntEnum
 from typing import Any
 
-from ..model import events, outcome
+from ..model import events, outcome, workflow
 from ..model.config import Config
 from ..model.envelope import Envelope, decode
 from ..model.errors import EnvelopeError
@@ -54,7 +54,8 @@ def _filing(config: Config, task_id: str, raw_env: Any) -> tuple[str, list[scrip
             env = decode(str(raw_env), config.signer)
         except EnvelopeError:
             env = None  # unreadable: removed as any task is (its own fence still holds)
-    if env is None or not (env.chain or env.chord):
+    # A step before a group inside its chain opens a chord: the rest depends on it too.
+    if env is None or not (env.chain or workflow.holds_a_chord(env)):
         return (str(env.fence) if env else ""), ["", "", "", "", "", ""]
     failure = Failure(
         Reason.CANCELLED, None,

@@ -27,13 +27,14 @@ LISTED = 1000  # the newest workflows the index keeps, for the admin
 @dataclass(frozen=True, slots=True)
 class Record:
     """What one push adds to its workflow's record: ``kind`` (chain, group, chord),
-    ``members``: (position, task id, task name) of each task it names; ``callback``:
-    a chord's (task id, task name)."""
+    ``members``: (position, task id, task name) of each task it names (a position
+    ``"<index>.<k>"``: the k-th step of a chain at ``index`` in a chord's header);
+    ``callback``: a chord's (task id, task name)."""
 
     workflow: str
     kind: str
     created_ms: int
-    members: Sequence[tuple[int, str, str]] = ()
+    members: Sequence[tuple[int | str, str, str]] = ()
     callback: tuple[str, str] | None = None
 
     def _queue(self, pipe: Any, keys: KeySpace) -> None:
@@ -118,9 +119,11 @@ def read(config: Config, workflow: str) -> WorkflowView | None:
         return None
     fields = {_text(k): _text(v) for k, v in raw.items()}
     named = sorted(
-        (int(name[2:]), value) for name, value in fields.items() if name.startswith("s:")
+        (tuple(int(part) for part in name[2:].split(".")), value)
+        for name, value in fields.items()
+        if name.startswith("s:")
     )
-    entries: list[tuple[int | None, str]] = [*named]
+    entries: list[tuple[int | None, str]] = [(place[0], value) for place, value in named]
     if "callback" in fields:
         entries.append((None, fields["callback"]))
     steps = []

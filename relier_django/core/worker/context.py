@@ -104,8 +104,9 @@ class TaskContext:
         """Celery's ``self.request`` for this incarnation, read-only: ``id``,
         ``retries`` (``attempt - 1``), ``args``, ``kwargs``, ``eta``, ``hostname``,
         ``delivery_info``, ``is_eager``, ``called_directly``, ``root_id``, ``group``,
-        ``group_index``, ``chord``, ``correlation_id``, ``task``, ``priority``. A Celery
-        field relier cannot honour (``parent_id``, ``expires``, ``headers``, ...) raises
+        ``group_index``, ``chord``, ``correlation_id``, ``task``, ``priority``,
+        ``parent_id``, ``expires``. A Celery
+        field relier cannot honour (``headers``, ``callbacks``, ...) raises
         ``NotImplementedError`` naming what to use instead."""
         if self._request is None:  # a context built by hand: what it knows
             self._request = Request(

@@ -23,8 +23,8 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -74,6 +74,9 @@ class _Commit:
     gate: str = ""
     # The callbacks (link=) the commit creates, each with the result first.
     links: tuple[fencing.Linked, ...] = ()
+    # The chords whose headers those callbacks are (a group inside a chain): group id ->
+    # the header's size, recorded before the commit can create a member.
+    opens: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def successor(self) -> Envelope | None:
@@ -206,6 +209,7 @@ class Runner:
                 message = publish.message_for_store(
                     self.app, action.successor, action.encoded, client
                 )
+            self._open_chords(action.opens, client)
             crashpoint.cross(crashpoint.BEFORE_COMMIT, env.task)
             done = fencing.commit(
                 self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail,
@@ -216,7 +220,7 @@ class Runner:
                 checkpoint.remove_files(self.config.checkpoint_dir, env.id)
             if done.accepted and done.value == 1 and message is None and not action.gate:
                 event_loop.run(self._publish_successor(action))
-            self._after_commit(env, done, client)
+            self._after_commit(env, done, client, action.opens)
             return self._commit_ended(env, done, result)
         if action is None:
             return _superseded(env)
@@ -265,7 +269,10 @@ class Runner:
             env.id, env.task, env.attempt - 1, call.args, call.kwargs,
             scheduled_at=ctx.scheduled_at,
             hostname=self.worker.rpartition(":")[0], queue=self.queue or env.queue,
-            workflow=env.workflow, chord_member=env.chord, priority=env.priority,
+            workflow=env.workflow, priority=env.priority, parent=env.parent,
+            expires_ms=env.expires_ms,
+            # As Celery: only a chain's last step is its chord header's member.
+            chord_member={} if env.chain else env.chord,
         )  # fmt: skip
 
     async def _expired(self, env: Envelope) -> Ended:
@@ -374,20 +381,21 @@ class Runner:
         try:
             nxt = workflow.following(env, result, now_ms)
             links = tuple(self._linked(link) for link in workflow.linked(env, result, now_ms))
+            opens = workflow.opened_chords(env)
         except ValueError as exc:  # only a faulty producer writes such a workflow
             detail = f"the workflow after this step cannot be read: {exc}"
             return _Dead(
                 Failure(Reason.MALFORMED_MESSAGE, type(exc).__name__, detail, worker=self.worker)
             )
         if nxt is None:
-            return _Commit(record, links=links)
+            return _Commit(record, links=links, opens=opens)
         try:
             gate = self._gate(nxt.env)
         except ValueError as exc:  # a ConfigError too: a limit= the settings lack
             detail = f"the workflow's next step {nxt.env.task} cannot be gated: {exc}"
             return _Dead(Failure(Reason.MALFORMED_MESSAGE, type(exc).__name__, detail,
                                  worker=self.worker))  # fmt: skip
-        return _Commit(record, nxt, nxt.env.encode(self.signer), gate, links)
+        return _Commit(record, nxt, nxt.env.encode(self.signer), gate, links, opens)
 
     def _linked(self, link: Envelope) -> fencing.Linked:
         """A callback as the commit creates it. Raises ValueError (a ConfigError too)
@@ -445,6 +453,7 @@ class Runner:
             following.insert(0, successor)
         marker_ttl_ms = max(self.result_ttl_ms, int(self.config.result_ttl_s * 1000))
         stored = handover.record([_handed(t) for t in following], marker_ttl_ms, member)
+        self._open_chords(action.opens, client)
         crashpoint.cross(crashpoint.BEFORE_COMMIT, env.task)
         done = fencing.commit_handing_over(
             self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail, stored
@@ -460,7 +469,7 @@ class Runner:
                     "hand-over not completed, left to the scanner's sweep task_id=%s",
                     env.id, exc_info=True,
                 )  # fmt: skip
-        self._after_commit(env, done, client)
+        self._after_commit(env, done, client, action.opens)
         return self._commit_ended(env, done, result)
 
     def _hand_errbacks_over(self, env: Envelope) -> None:
@@ -475,7 +484,24 @@ class Runner:
                 env.id, exc_info=True,
             )  # fmt: skip
 
-    def _after_commit(self, env: Envelope, done: Transition, client: Any) -> None:
+    def _open_chords(self, opens: Mapping[str, int], client: Any) -> None:
+        """Record the size of each chord this commit opens (a group inside a chain),
+        before the commit creates its members: the state knows the size before any
+        member can commit. Idempotent; a commit refused after it leaves a state that
+        expires (chords.KEEP_MS), or that the next incarnation's commit completes."""
+        for group_id, size in opens.items():
+            chords.set_size(client, self.keys, group_id, size)
+
+    def _after_commit(
+        self, env: Envelope, done: Transition, client: Any, opens: Mapping[str, int]
+    ) -> None:
+        # The members of a chord this commit opened all exist now: its state outlives
+        # any wait (a member in the DLQ), as a chord whose producer stored its header.
+        for group_id, size in opens.items() if done.accepted else ():
+            try:
+                chords.seal(client, self.keys, group_id, size - 1)
+            except Exception:  # it keeps its TTL then, as a producer's unsealed header
+                logger.warning("could not seal chord %s's state", group_id, exc_info=True)
         # A chord's callback committed: its header's results are no longer needed.
         if env.header and done.accepted:
             try:
@@ -507,6 +533,8 @@ class Runner:
                 message = await publish.amessage_for_store(
                     self.app, action.successor, action.encoded, self.client
                 )
+            if action.opens:
+                await asyncio.to_thread(self._open_chords, action.opens, sync_client(self.config))
             crashpoint.cross(crashpoint.BEFORE_COMMIT, env.task)
             done = await fencing.commit(
                 self.keys, env, action.record, self.result_ttl_ms, spec.keep_trail,
@@ -517,8 +545,10 @@ class Runner:
                 await asyncio.to_thread(checkpoint.remove_files, self.config.checkpoint_dir, env.id)
             if done.accepted and done.value == 1 and message is None and not action.gate:
                 await self._publish_successor(action)
-            if env.header:
-                await asyncio.to_thread(self._after_commit, env, done, sync_client(self.config))
+            if env.header or action.opens:
+                await asyncio.to_thread(
+                    self._after_commit, env, done, sync_client(self.config), action.opens
+                )
             return self._commit_ended(env, done, result)
         if isinstance(action, _Retry):
             return await self._retry(spec, env, action, action.exc if action.asked else error)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from relier_django.core.model import config
 from relier_django.core.store.connection import sync_client
 from relier_django.core.store.keys import KeySpace
 from testproject.demo import bound_tasks
+from testproject.harness import wait_until
 
 
 @pytest.fixture(params=["worker", "eager"])
@@ -122,3 +124,28 @@ def test_the_retry_limit_holds_whoever_retries(mode, redis_client, task):
         receipt.get(timeout=60)
     assert err.value.reason == "retries_exhausted"
     assert [r["attempt"] for r in seen(redis_client, "lim")] == [1, 2]
+
+
+def test_parent_id_names_the_step_before_and_expires_the_push_s_expiry(mode, redis_client):
+    from celery import chain
+
+    before = datetime.now(UTC)
+    chain(bound_tasks.lineage.s(), bound_tasks.lineage.s(), bound_tasks.lineage.s()).apply_async()
+    bound_tasks.lineage.apply_async(kwargs={"label": "expiring"}, expires=600)
+    steps = wait_until(
+        lambda: len(seen(redis_client, "lineage")) == 3 and seen(redis_client, "lineage"),
+        30, what="the chain's three steps",
+    )  # fmt: skip
+    # Celery's parent_id: none for the first step, then the step whose commit made it.
+    assert [s["parent_id"] for s in steps] == [None, steps[0]["id"], steps[1]["id"]]
+    assert all(s["expires"] is None for s in steps)  # no expires= given
+    (expiring,) = wait_until(lambda: seen(redis_client, "expiring"), 30, what="the expiring run")
+    expires = datetime.fromisoformat(expiring["expires"])
+    assert before + timedelta(seconds=590) < expires < before + timedelta(seconds=620)
+
+
+def test_a_task_pushed_from_a_task_s_body_names_it_as_its_parent(worker, redis_client):
+    spawned = bound_tasks.spawner.push("spawned")
+    child = spawned.get(timeout=30)
+    (run,) = wait_until(lambda: seen(redis_client, "spawned"), 30, what="the pushed task's run")
+    assert run["id"] == child and run["parent_id"] == spawned.task_id

@@ -21,6 +21,7 @@ from relier_django.core.store.keys import KeySpace
 from testproject.celery import app
 from testproject.demo import tasks
 from testproject.harness import wait_until
+from tests.integration.workflows.test_chord import relier_backend  # noqa: F401 (a fixture)
 from tests.leaks import assert_no_leaked_keys
 
 KEYS = KeySpace("rl")
@@ -243,3 +244,124 @@ def test_a_group_applied_while_the_producer_pool_is_nearly_empty_does_not_deadlo
         applying.join(30)
     assert finished, "the group's apply waited for a second producer from an empty pool"
     assert [relier_django.result(r.id).get(timeout=30) for r in results[0].results] == [1, 2]
+
+
+def test_a_group_ending_a_chain_runs_each_member_once_given_the_last_result(worker, redis_client):
+    add = tasks.step_add
+    # As Celery: each member gets the previous step's result first (not the .si() one).
+    members = group(add.s(10), add.s(20), add.si(7, 0))
+    result = chain(add.s(1, 1), add.s(1), members).apply_async()
+    ids = [r.id for r in result.results]
+    assert [relier_django.result(i).get(timeout=30) for i in ids] == [13, 23, 7]
+    assert [received(redis_client, i) for i in ids] == [[3], [3], [7]]
+    assert [runs(redis_client, i) for i in ids] == [["1"]] * 3
+    assert_no_leaked_keys(redis_client)
+
+
+def test_a_group_right_after_the_first_task_becomes_its_callbacks(redis_client):
+    # No worker: the members are created by the first task's commit, not by the push.
+    add = tasks.step_add
+    result = chain(add.s(1, 1), group(add.s(1), add.s(2))).apply_async()
+    ids = [r.id for r in result.results]
+    assert not any(redis_client.exists(KEYS.task(i)) for i in ids)
+    (first,) = [k.decode().split("{")[1].rstrip("}") for k in redis_client.keys("rl:t:*")]
+    env = decode(redis_client.hget(KEYS.task(first), "env"))
+    assert [step["id"] for step in env.link] == ids and env.chain == ()
+
+
+def test_a_group_ending_a_chain_runs_whole_in_eager_mode(settings, redis_client):
+    settings.RELIER = {**settings.RELIER, "EAGER": True}
+    add = tasks.step_add
+    result = chain(add.s(1, 1), add.s(1), group(add.s(10), add.s(20))).apply_async()
+    assert [received(redis_client, r.id) for r in result.results] == [[3], [3]]
+    assert not redis_client.keys("rl:*")
+
+
+@pytest.mark.usefixtures("relier_backend")
+def test_a_group_in_the_middle_of_a_chain_is_a_chord_whose_callback_goes_on(worker, redis_client):
+    add = tasks.step_add
+    # Celery makes group(...) followed by a step a chord whose callback is that step.
+    last = chain(
+        add.s(1, 1),  # 2
+        add.s(1),  # 3
+        group(add.s(10, sleep_s=0.3), add.s(20), add.si(7, 0)),  # 13, 23, 7
+        tasks.step_sum.s(100),  # 143
+        add.s(5),  # 148
+    ).apply_async()
+    assert relier_django.result(last.id).get(timeout=30) == 148
+    ids = [r.id for r in reversed(list(_results(last)))]
+    callback = ids[-2]
+    assert received(redis_client, callback) == [[13, 23, 7]]  # in header order, once
+    assert [runs(redis_client, i) for i in (ids[0], ids[1], callback, last.id)] == [["1"]] * 4
+    view = relier_django.workflow(ids[0])
+    assert view is not None and view.state == "SUCCESS" and len(view.steps) == 7
+    assert_no_leaked_keys(redis_client)
+
+
+@pytest.mark.usefixtures("relier_backend")
+def test_a_chord_in_a_chain_exists_only_once_the_step_before_commits(redis_client):
+    # No worker: only the first step exists; its envelope carries the header as the
+    # callbacks of the step before the group, each with its place and the header's size.
+    add = tasks.step_add
+    chain(add.s(1, 1), group(add.s(1), add.s(2)), tasks.step_sum.s(0)).apply_async()
+    (first,) = [k.decode().split("{")[1].rstrip("}") for k in redis_client.keys("rl:t:*")]
+    env = decode(redis_client.hget(KEYS.task(first), "env"))
+    places = [member["chord"] for member in env.link]
+    assert [p["index"] for p in places] == [0, 1] and {p["size"] for p in places} == {2}
+    assert not redis_client.keys("rl:ch:*")  # the size is recorded by that commit
+
+
+@pytest.mark.usefixtures("relier_backend")
+def test_a_failing_member_of_a_chord_in_a_chain_holds_the_rest_until_released(worker, redis_client):
+    redis_client.set("demo:broken:7", 1)
+    add = tasks.step_add
+    last = chain(
+        add.s(1, 1), group(add.s(1), add.s(7)), tasks.step_sum.s(0), add.s(1)
+    ).apply_async()
+    first = next(r.id for r in reversed(list(_results(last))))
+    relier_django.result(first).get(timeout=30)
+    broken = wait_until(
+        lambda: [e for e in dlq.store().iter() if e.envelope.get("chord")],
+        30,
+        what="the broken member in the DLQ",
+    )[0]
+    assert not redis_client.exists(KEYS.task(last.id))
+    redis_client.delete("demo:broken:7")
+    dlq.release_entry(broken.id)
+    assert relier_django.result(last.id).get(timeout=30) == 3 + 9 + 1
+
+
+@pytest.mark.usefixtures("relier_backend")
+def test_a_chord_in_a_chain_runs_under_celery_eager_and_relier_eager_refuses_it(
+    settings, redis_client
+):
+    add = tasks.step_add
+    flow = chain(add.s(1, 1), group(add.s(1), add.s(2)), tasks.step_sum.s(0))
+    app.conf.task_always_eager = True
+    try:
+        assert flow.apply_async().get() == 3 + 4  # Celery's own eager canvas
+    finally:
+        app.conf.task_always_eager = False
+    settings.RELIER = {**settings.RELIER, "EAGER": True}
+    with pytest.raises(TypeError, match="CELERY_TASK_ALWAYS_EAGER"):
+        flow.apply_async()
+    assert not redis_client.keys("rl:t:*")  # refused before anything ran or was stored
+
+
+@pytest.mark.usefixtures("relier_backend")
+def test_a_cancelled_step_before_a_group_files_the_chord_with_it_and_release_resumes_it(
+    worker, redis_client
+):
+    # chain(a, group, d): a has no chain after it, only the header it opens; removed, it
+    # would end the workflow without a trace.
+    add = tasks.step_add
+    last = chain(
+        add.s(1, 1).set(countdown=60), group(add.s(1), add.s(2)), tasks.step_sum.s(0)
+    ).apply_async()
+    head = next(r.id for r in reversed(list(_results(last))))
+    assert relier_django.cancel(head) is relier_django.Cancelled.BEFORE_START
+    entry = dlq.store().get(head)
+    assert entry is not None and entry.reason == "cancelled"
+    assert [m["chord"]["index"] for m in entry.envelope["link"]] == [0, 1]
+    dlq.release_entry(head)
+    assert relier_django.result(last.id).get(timeout=30) == 3 + 4

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from celery import chord
+from celery import chain, chord
 
 import relier_django
 from relier_django import dlq
@@ -86,11 +86,70 @@ def test_a_dead_lettered_member_holds_the_callback_until_it_is_released(
     assert runs(redis_client, result.id) == 1
 
 
-def test_a_chain_inside_a_chords_header_is_refused(relier_backend, redis_client):
-    from celery import chain
+def chain_ids(node) -> list[str]:
+    ids = []
+    while node is not None:
+        ids.append(node.id)
+        node = node.parent
+    return ids[::-1]
 
-    with pytest.raises(TypeError, match="not supported yet"):
-        chord([chain(tasks.step_add.s(1, 1), tasks.step_add.s(1))])(tasks.step_sum.s(0))
+
+def test_a_chain_inside_a_chords_header_fills_its_place_with_its_last_steps_result(
+    relier_backend, worker, redis_client
+):
+    add = tasks.step_add
+    header = [
+        chain(add.s(1, 1, sleep_s=0.3), add.s(1, sleep_s=0.3), add.s(10)),  # 2, 3, 13
+        add.s(5, 5),  # 10, first to finish
+        chain(add.s(0, 7), add.s(0)),  # 7, 7
+    ]
+    result = chord(header)(tasks.step_sum.s(100))
+    assert relier_django.result(result.id).get(timeout=30) == 100 + 13 + 10 + 7
+    # The chain's result in its place, whatever order the members finished in.
+    assert received(redis_client, result.id) == [[13, 10, 7]]
+    assert runs(redis_client, result.id) == 1
+    members = result.parent.results
+    first_chain = chain_ids(members[0])
+    assert len(first_chain) == 3 and all(runs(redis_client, i) == 1 for i in first_chain)
+    view = relier_django.workflow(result.parent.id)
+    assert view is not None and view.state == "SUCCESS"
+    # Each chain's steps at its place in the header, in order; the callback last.
+    listed = [*first_chain, members[1].id, *chain_ids(members[2]), result.id]
+    assert [s.task_id for s in view.steps] == listed
+    assert [s.position for s in view.steps] == [0, 0, 0, 1, 2, 2, None]
+    assert_no_leaked_keys(redis_client)
+    assert not redis_client.exists(KEYS.chord(result.parent.id))
+
+
+def test_a_chains_earlier_step_does_not_count_for_the_chord(relier_backend, redis_client):
+    # No worker: only the chain's first step exists; it carries the chord's place for
+    # its last step, and committing it counts nothing.
+    result = chord([chain(tasks.step_add.s(1, 1), tasks.step_add.s(1))])(tasks.step_sum.s(0))
+    first, last = chain_ids(result.parent.results[0])
+    stored = json.loads(redis_client.hget(KEYS.task(first), "env"))
+    assert stored["chord"]["id"] == result.parent.id and stored["chain"][0]["id"] == last
+    assert redis_client.hget(KEYS.chord(result.parent.id), "size") == b"1"
+    assert not redis_client.hexists(KEYS.chord(result.parent.id), "r:0")
+    view = relier_django.workflow(result.parent.id)
+    assert view is not None and view.state == "PENDING"
+    assert [s.task_id for s in view.steps] == [first, last, result.id]
+
+
+def test_a_failing_step_of_a_chain_in_a_header_holds_the_callback_until_released(
+    relier_backend, worker, redis_client
+):
+    redis_client.set("demo:broken:7", 1)
+    header = [chain(tasks.step_add.s(1, 7), tasks.step_add.s(1)), tasks.step_add.s(2, 2)]
+    result = chord(header)(tasks.step_sum.s(0))
+    broken = chain_ids(result.parent.results[0])[0]
+    entry = wait_until(lambda: dlq.store().get(broken), 30, what="the broken step in the DLQ")
+    assert entry.envelope["chord"]["id"] == result.parent.id
+    assert not redis_client.exists(KEYS.task(result.id))  # the callback waits
+    assert relier_django.workflow(result.parent.id).state == "FAILURE"  # its step is seen
+    redis_client.delete("demo:broken:7")
+    dlq.release_entry(broken)
+    assert relier_django.result(result.id).get(timeout=30) == (8 + 1) + 4
+    assert runs(redis_client, result.id) == 1
 
 
 def test_a_chord_is_readable_under_its_group_id_with_its_callback(
@@ -244,3 +303,33 @@ def test_a_chord_callbacks_frozen_id_breaking_the_id_rule_is_refused_at_push(
     with pytest.raises(relier_django.InvalidTaskId, match=r"'total\\n1'.*1 to 64 printable"):
         chord(header)(tasks.step_sum.s(1000).set(task_id="total\n1"))
     assert redis_client.dbsize() == 0  # not even the first member: the callback rides on each
+
+
+def test_a_chord_with_chains_in_its_header_applied_while_celerys_pool_is_empty_does_not_deadlock(
+    relier_backend, worker, redis_client
+):
+    """Celery's group applies a chain member holding one producer of Celery's pool, and
+    the chain applies its first task without it: relier's send takes its producer from
+    a pool of its own, so a chord applied while Celery's pool has none left completes."""
+    import threading
+
+    pool = app.producer_pool
+    taken = [pool.acquire(block=True) for _ in range(pool.limit - 1)]  # one left: the group's
+    done, results = threading.Event(), []
+
+    def apply() -> None:
+        add = tasks.step_add
+        header = [chain(add.s(1, 1), add.s(1)), chain(add.s(2, 2), add.s(2))]
+        results.append(chord(header)(tasks.step_sum.s(0)))
+        done.set()
+
+    applying = threading.Thread(target=apply, daemon=True)
+    try:
+        applying.start()
+        finished = done.wait(20)
+    finally:
+        for producer in taken:
+            producer.release()
+        applying.join(30)
+    assert finished, "the chord's apply waited for a second producer from an empty pool"
+    assert relier_django.result(results[0].id).get(timeout=30) == 3 + 6

@@ -333,3 +333,16 @@ def test_a_swept_successor_is_dispatched_and_runs_once(pworker, partitioned, red
     assert relier_django.result(successor).get(timeout=30) == 3
     assert fences(redis_client, successor) == [1]
     wait_until(lambda: no_hand_over_left(redis_client, keys), 10, what="the record forgotten")
+
+
+def test_a_nested_canvas_is_refused_at_push_and_nothing_is_stored(
+    partitioned,
+    redis_client,
+    relier_backend,  # noqa: F811 (the fixture imported above)
+):
+    add = tasks.step_add
+    with pytest.raises(TypeError, match="not supported on a partitioned store"):
+        chain(add.s(1, 1), chord([add.s(1), add.s(2)], tasks.step_sum.s(3)), add.s(4)).apply_async()
+    with pytest.raises(TypeError, match="not supported on a partitioned store"):
+        chord([chain(add.s(1, 1), add.s(2)), add.s(2, 2)])(tasks.step_sum.s(0))
+    assert not [k for k in redis_client.keys("rl:*") if b":t:" in k]
